@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both create .venv from scratch when it is missing. torch is pinned first, on its own,
+# so that nothing later resolves `torch` to a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dpex-installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/dpex demo
+
+test: install
+	$(PY) -m pytest -q -ra
+
+bench: install
+	$(VENV)/bin/dpex bench
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,117 @@
+"""Joining a running Ray cluster, or starting the embedded local one; who owns the session.
+
+Rules (the loader's ``head_address`` argument):
+
+* If Ray is already initialised in this process (the user's ``ray.init()`` or an earlier
+  dpex loader), use that session and never shut it down on the user's behalf.
+* ``"auto"``: join the cluster this machine belongs to (``RAY_ADDRESS`` or ``ray start
+  --head``); when none runs, start an embedded local Ray for this process.
+* ``None``: always start the embedded local Ray (never join).
+* An explicit ``"host:port"`` / ``"ray://host:port"``: check that it answers within a few
+  seconds, else raise ``ConnectionError`` naming the address.
+
+The embedded Ray has its dashboard off, is bound to loopback, and is stopped at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+from urllib.parse import urlparse
+
+import ray
+
+_lock = threading.Lock()
+_embedded_started = False
+CONNECT_TIMEOUT_S = 5.0
+
+
+def ensure_ray(head_address: str | None = "auto") -> None:
+    """Make sure this process is connected to Ray, following the rules in the module doc."""
+    if ray.is_initialized():
+        return
+    with _lock:
+        if ray.is_initialized():
+            return
+        if head_address is None:
+            _start_embedded()
+        elif head_address == "auto":
+            _join_or_start_embedded()
+        else:
+            _check_reachable(head_address)
+            ray.init(address=head_address, logging_level=logging.WARNING, log_to_driver=True)
+
+
+def owns_ray_session() -> bool:
+    """True when dpex started the Ray session of this process (and will stop it at exit)."""
+    return _embedded_started and ray.is_initialized()
+
+
+def _join_or_start_embedded() -> None:
+    if os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
+        if address != "auto":
+            _check_reachable(address)
+        ray.init(address=address, logging_level=logging.WARNING)
+        return
+    try:
+        ray.init(address="auto", logging_level=logging.WARNING)
+    except ConnectionError:
+        # Nothing running on this machine: the embedded, process-local Ray.
+        _start_embedded()
+
+
+def _start_embedded() -> None:
+    global _embedded_started
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        dashboard_host="127.0.0.1",
+        _node_ip_address="127.0.0.1",
+        logging_level=logging.WARNING,
+        # Workers import what the driver imports: keep the driver's directory importable.
+        runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
+    )
+    _embedded_started = True
+    atexit.register(_stop_embedded)
+
+
+def _stop_embedded() -> None:
+    global _embedded_started
+    if _embedded_started and ray.is_initialized():
+        ray.shutdown()
+    _embedded_started = False
+
+
+def _driver_pythonpath() -> str:
+    """The driver's import path, so actors can unpickle datasets defined in its modules."""
+    import sys
+
+    entries = [p or os.getcwd() for p in sys.path if not p.endswith(".zip")]
+    existing = os.environ.get("PYTHONPATH")
+    return os.pathsep.join(entries + ([existing] if existing else []))
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast, naming the address, when nothing listens there."""
+    host, port = _host_port(address)
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ConnectionError(
+            f"dpex could not reach the Ray cluster at {address!r} ({exc}). "
+            "Start it with `ray start --head`, or pass head_address='auto' to use an "
+            "embedded local Ray."
+        ) from None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    parsed = urlparse(address if "://" in address else f"ray://{address}")
+    if not parsed.hostname:
+        raise ValueError(f"head_address should look like 'host:port', got {address!r}")
+    default_port = 10001 if address.startswith("ray://") else 6379
+    return parsed.hostname, parsed.port or default_port

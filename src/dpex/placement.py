@@ -1,0 +1,137 @@
+"""Where workers go: per-worker Ray resources and the choice of node for each worker.
+
+``WorkerOptions`` is the loader's ``worker_options`` argument. Node choice is explicit: dpex
+lists the alive nodes that may host a worker (they have CPUs, carry the required resources
+and labels, and are not the trainer's node when ``avoid_trainer_node``), and pins worker ``i``
+to eligible node ``i mod n`` with a hard node affinity. That spreads workers evenly, and a
+replacement for a dead worker goes to a node that is alive right now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Ray resources and placement of a distributed loader's workers.
+
+    Args:
+        num_cpus: CPUs each worker reserves. ``None`` (default) reserves none, like Ray's own
+            actor default: workers may outnumber cores, as torch's worker processes may.
+            A number is a strict reservation: a worker waits for a node with that many free.
+        num_gpus: GPUs each worker reserves (for GPU-side decoding in the dataset).
+        memory: bytes of memory each worker reserves, or None.
+        resources: custom Ray resources each worker reserves, e.g. ``{"preproc": 1}``;
+            only nodes that carry them host workers.
+        labels: node labels a host must carry, e.g. ``{"role": "preprocess"}``.
+        spread: spread workers round-robin over the eligible nodes (default). When False,
+            Ray's default scheduler picks (it packs the trainer's node first).
+        avoid_trainer_node: never place a worker on the node the training process runs on.
+        start_timeout_s: how long to wait for workers to start before failing with an error
+            that says what was asked and what the cluster has.
+        max_task_retries: how many times one batch may take its worker down before the loader
+            gives up on it as a poison batch.
+        ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env``.
+
+    Example:
+        >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)
+    """
+
+    num_cpus: float | None = None
+    num_gpus: float = 0
+    memory: int | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    spread: bool = True
+    avoid_trainer_node: bool = False
+    start_timeout_s: float = 120.0
+    max_task_retries: int = 3
+    ray_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_cpus is not None and self.num_cpus < 0:
+            raise ValueError(f"num_cpus should be non-negative, got {self.num_cpus}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s should be positive, got {self.start_timeout_s}")
+        if self.max_task_retries < 0:
+            raise ValueError(f"max_task_retries should be non-negative, got {self.max_task_retries}")
+
+    def actor_options(self, node_id: str | None) -> dict[str, Any]:
+        """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""
+        options: dict[str, Any] = dict(self.ray_options)
+        if self.num_cpus is not None:
+            options["num_cpus"] = self.num_cpus
+        if self.num_gpus:
+            options["num_gpus"] = self.num_gpus
+        if self.memory is not None:
+            options["memory"] = self.memory
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        if self.labels:
+            options["label_selector"] = dict(self.labels)
+        if node_id is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        # dpex restarts workers itself, from a known RNG state; Ray must not do it behind it.
+        options["max_restarts"] = 0
+        options["max_task_retries"] = 0
+        return options
+
+
+def eligible_nodes(options: WorkerOptions, trainer_node_id: str | None) -> list[str]:
+    """IDs of the alive nodes that may host a worker, in a stable order."""
+    nodes = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        resources = node.get("Resources", {})
+        if resources.get("CPU", 0) <= 0:
+            continue
+        if options.avoid_trainer_node and node["NodeID"] == trainer_node_id:
+            continue
+        if any(resources.get(name, 0) < amount for name, amount in options.resources.items()):
+            continue
+        labels = node.get("Labels", {}) or {}
+        if any(labels.get(key) != value for key, value in options.labels.items()):
+            continue
+        nodes.append(node["NodeID"])
+    return sorted(nodes)
+
+
+class NodePicker:
+    """Assigns worker slots to eligible nodes round-robin; replacements go to live nodes."""
+
+    def __init__(self, options: WorkerOptions) -> None:
+        self.options = options
+        self.trainer_node_id = ray.get_runtime_context().get_node_id()
+
+    def node_for(self, worker_id: int, avoid: set[str] = frozenset()) -> str | None:
+        """The node for ``worker_id``, or None to let Ray choose (``spread=False``).
+
+        Nodes in ``avoid`` are skipped unless nothing else is eligible.
+        """
+        if not self.options.spread:
+            return None
+        nodes = eligible_nodes(self.options, self.trainer_node_id)
+        if not nodes:
+            raise NoEligibleNodeError(self.describe_request())
+        preferred = [n for n in nodes if n not in avoid] or nodes
+        return preferred[worker_id % len(preferred)]
+
+    def describe_request(self) -> str:
+        return (
+            f"a node with {self.options.num_cpus or 'any'} CPU(s), resources "
+            f"{dict(self.options.resources)}, labels {dict(self.options.labels)}"
+            + (", other than the trainer's node" if self.options.avoid_trainer_node else "")
+            + f"; the cluster has {ray.available_resources()} available"
+        )
+
+
+class NoEligibleNodeError(RuntimeError):
+    def __init__(self, request: str) -> None:
+        super().__init__(f"dpex: no alive Ray node can host a worker: wanted {request}")

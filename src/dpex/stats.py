@@ -1,0 +1,109 @@
+"""Data-stall metrics: how long the training loop waited for data, and where batches came from.
+
+A ``LoaderStats`` lives on the loader and accumulates over its epochs; ``snapshot()`` gives an
+immutable ``StatsSnapshot`` that is safe to print or log during training.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """What the loader has done so far (over all epochs unless noted).
+
+    Attributes:
+        batches: batches handed to the training loop.
+        wait_s: seconds the training loop spent blocked in ``next(loader)`` waiting for data.
+        elapsed_s: seconds since the first batch was asked for.
+        epoch_batches: batches handed out in the current (or last) epoch.
+        epoch_wait_s: wait time in the current (or last) epoch.
+        in_flight: batches requested from workers and not yet handed out, right now.
+        max_in_flight: the most that were ever in flight at once.
+        per_worker: batches delivered per worker id.
+        per_node: batches delivered per Ray node id (distributed mode only).
+        worker_restarts: workers replaced after they died.
+    """
+
+    batches: int
+    wait_s: float
+    elapsed_s: float
+    epoch_batches: int
+    epoch_wait_s: float
+    in_flight: int
+    max_in_flight: int
+    per_worker: dict[int, int]
+    per_node: dict[str, int]
+    worker_restarts: int
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def wait_fraction(self) -> float:
+        """Share of the elapsed time the training loop spent waiting for data."""
+        return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.batches} batches, {self.batches_per_s:.1f} batches/s, "
+            f"waited {self.wait_s:.2f}s for data ({100 * self.wait_fraction:.0f}% of "
+            f"{self.elapsed_s:.2f}s), in flight {self.in_flight} (max {self.max_in_flight})"
+            + (f", {self.worker_restarts} worker restarts" if self.worker_restarts else "")
+        )
+
+
+@dataclass
+class LoaderStats:
+    """Mutable counters, updated by the loader's iterators on the training thread."""
+
+    batches: int = 0
+    wait_s: float = 0.0
+    started_at: float | None = None
+    epoch_batches: int = 0
+    epoch_wait_s: float = 0.0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    per_worker: Counter = field(default_factory=Counter)
+    per_node: Counter = field(default_factory=Counter)
+    worker_restarts: int = 0
+
+    def start_epoch(self) -> None:
+        if self.started_at is None:
+            self.started_at = time.perf_counter()
+        self.epoch_batches = 0
+        self.epoch_wait_s = 0.0
+
+    def record_batch(self, waited_s: float, worker_id: int | None = None,
+                     node_id: str | None = None) -> None:
+        self.batches += 1
+        self.epoch_batches += 1
+        self.wait_s += waited_s
+        self.epoch_wait_s += waited_s
+        if worker_id is not None:
+            self.per_worker[worker_id] += 1
+        if node_id is not None:
+            self.per_node[node_id] += 1
+
+    def set_in_flight(self, depth: int) -> None:
+        self.in_flight = depth
+        self.max_in_flight = max(self.max_in_flight, depth)
+
+    def snapshot(self) -> StatsSnapshot:
+        elapsed = time.perf_counter() - self.started_at if self.started_at is not None else 0.0
+        return StatsSnapshot(
+            batches=self.batches,
+            wait_s=self.wait_s,
+            elapsed_s=elapsed,
+            epoch_batches=self.epoch_batches,
+            epoch_wait_s=self.epoch_wait_s,
+            in_flight=self.in_flight,
+            max_in_flight=self.max_in_flight,
+            per_worker=dict(self.per_worker),
+            per_node=dict(self.per_node),
+            worker_restarts=self.worker_restarts,
+        )

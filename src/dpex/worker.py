@@ -1,0 +1,130 @@
+"""The worker: a Ray actor that holds one replica of the dataset and loads batches.
+
+``Worker`` is a plain class (testable without Ray); ``remote_iter`` wraps it with
+``ray.remote``. One worker does what one torch worker process does: it seeds ``random``,
+``torch`` and numpy from ``(base_seed, worker_id)``, installs torch's ``WorkerInfo`` so
+``get_worker_info()`` works, runs ``worker_init_fn`` once, then turns index batches into
+batches in the order it receives them. After each batch it snapshots its RNG state, which
+travels back with the batch: that is what lets a replacement worker continue bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpex import transport
+from dpex.errors import RemoteError
+from dpex.fetcher import make_fetcher
+from dpex.seeding import RngState, seed_worker
+from dpex.worker_info import set_worker_info
+
+# Outcome kinds of one task.
+DATA, ERROR, END = "data", "error", "end"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs besides the dataset; identical for all workers of a loader."""
+
+    num_workers: int
+    base_seed: int
+    is_iterable: bool
+    auto_collation: bool
+    collate_fn: Callable
+    drop_last: bool
+    worker_init_fn: Callable[[int], None] | None
+
+
+@dataclass
+class TaskResult:
+    """One task's outcome: a batch, a ``RemoteError``, or END (iterable replica exhausted)."""
+
+    task_id: int
+    kind: str
+    payload: Any
+    rng_state: RngState | None
+
+
+class Worker:
+    """One data-loading worker; see the module docstring."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        config: WorkerConfig,
+        worker_id: int,
+        resume_rng: RngState | None = None,
+        replay: list[Any] | None = None,
+    ) -> None:
+        """Args:
+        dataset: this worker's replica. config: the loader's settings. worker_id: 0..N-1.
+        resume_rng: for a replacement, the RNG state to continue from.
+        replay: for a replacement of an IterableDataset worker, the index batches its
+            predecessor delivered this epoch (re-read and dropped to reach the same place).
+        """
+        # torch's workers run single-threaded so N workers do not oversubscribe the cores.
+        torch.set_num_threads(1)
+        self.dataset = dataset
+        self.config = config
+        self.worker_id = worker_id
+        self.seed = seed_worker(config.base_seed, worker_id)
+        set_worker_info(worker_id, config.num_workers, self.seed, dataset)
+        self.init_error: RemoteError | None = None
+        self.fetcher = None
+        try:
+            if config.worker_init_fn is not None:
+                config.worker_init_fn(worker_id)
+            self._new_fetcher()
+        except Exception:
+            self.init_error = RemoteError.capture(worker_id, indices=None)
+        if resume_rng is not None:
+            resume_rng.restore()
+            if self.init_error is None:
+                self._new_fetcher()  # an iterable replica starts from the restored state
+        for index in replay or ():
+            # An IterableDataset replica cannot seek: a replacement rewinds to the epoch start
+            # (resume_rng) and re-reads what its predecessor delivered, dropping it.
+            self._fetch_one(-1, index)
+
+    def _new_fetcher(self) -> None:
+        c = self.config
+        self.fetcher = make_fetcher(
+            self.dataset, c.is_iterable, c.auto_collation, c.collate_fn, c.drop_last
+        )
+
+    def ready(self) -> tuple[str, int]:
+        """(node id, pid): answers once the worker is constructed."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def reset_epoch(self) -> RngState:
+        """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept."""
+        if self.init_error is None:
+            self._new_fetcher()
+        return RngState.capture()
+
+    def fetch(self, tasks: list[tuple[int, Any]]) -> list[TaskResult]:
+        """Load the given ``(task_id, index)`` tasks in order."""
+        return [self._fetch_one(task_id, index) for task_id, index in tasks]
+
+    def _fetch_one(self, task_id: int, index: Any) -> TaskResult:
+        if self.init_error is not None:
+            # torch reports a worker_init_fn failure on that worker's first task.
+            error, self.init_error = self.init_error, None
+            return TaskResult(task_id, ERROR, error, RngState.capture())
+        try:
+            payload, kind = transport.to_wire(self.fetcher.fetch(index)), DATA
+        except StopIteration:
+            if not self.config.is_iterable:
+                payload, kind = RemoteError.capture(self.worker_id, index), ERROR
+            else:
+                payload, kind = None, END
+        except Exception:
+            payload, kind = RemoteError.capture(self.worker_id, index), ERROR
+        return TaskResult(task_id, kind, payload, RngState.capture())

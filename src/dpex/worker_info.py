@@ -1,0 +1,28 @@
+"""Worker info inside a dpex worker: the same object torch's ``get_worker_info`` returns."""
+
+from __future__ import annotations
+
+import torch.utils.data
+from torch.utils.data import get_worker_info as _torch_get_worker_info
+
+
+def get_worker_info():
+    """Return the current worker's ``WorkerInfo`` (id, num_workers, seed, dataset), or None.
+
+    Identical to ``torch.utils.data.get_worker_info()``: dpex workers set torch's own slot,
+    so code that shards an ``IterableDataset`` by worker works unchanged in a Ray actor.
+    """
+    return _torch_get_worker_info()
+
+
+def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> None:
+    """Install torch's ``WorkerInfo`` for this process.
+
+    This is the one private hook dpex needs: ``torch.utils.data.get_worker_info()`` reads
+    the module global ``torch.utils.data._utils.worker._worker_info``, and there is no public
+    setter. Keeping it in this function means a torch change breaks exactly one place.
+    """
+    worker_module = torch.utils.data._utils.worker
+    worker_module._worker_info = worker_module.WorkerInfo(
+        id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
+    )
