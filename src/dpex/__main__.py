@@ -1,0 +1,5 @@
+import sys
+
+from dpex.cli import main
+
+sys.exit(main())

@@ -1,0 +1,35 @@
+"""Shared fixtures. Tiers: pure (no fixture), ``ray_local`` (one local Ray, small object
+store, shared by the modules that need it), ``cluster`` (tests/test_cluster_*.py start their
+own simulated multi-node cluster and shut the local one down first)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+SRC_DIR = os.path.join(os.path.dirname(TESTS_DIR), "src")
+
+
+def worker_env() -> dict:
+    """runtime_env that lets Ray workers import the test helpers and the package."""
+    path = os.pathsep.join([TESTS_DIR, SRC_DIR, *sys.path])
+    return {"env_vars": {"PYTHONPATH": path}}
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray session (4 logical CPUs, 256 MiB object store), reused across modules."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            object_store_memory=256 * 1024 * 1024,
+            include_dashboard=False,
+            runtime_env=worker_env(),
+            logging_level="ERROR",
+        )
+    yield ray

@@ -1,0 +1,119 @@
+"""Datasets and helpers shared by the tests (importable by Ray workers too)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+
+class RangeDataset(Dataset):
+    """Sample i is ``tensor([i])``."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([i], dtype=torch.int64)
+
+
+class AugmentedDataset(Dataset):
+    """Each sample draws from torch, numpy and random: parity needs identical worker seeding."""
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        noise = torch.rand(3) + float(np.random.rand()) + random.random()
+        return {"x": torch.full((3,), float(i)) + noise, "y": i}
+
+
+class ShardedIterable(IterableDataset):
+    """Yields range(n), split between workers by get_worker_info() as torch's docs show."""
+
+    def __init__(self, n: int = 37) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+class FailingDataset(Dataset):
+    """Raises ``exc_type`` for the sample ``bad``; other samples are their index."""
+
+    def __init__(self, n: int = 20, bad: int = 5, exc_type: type = ValueError) -> None:
+        self.n, self.bad, self.exc_type = n, bad, exc_type
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise self.exc_type(f"bad sample {i}")
+        return i
+
+
+class SlowDataset(Dataset):
+    """Sleeps ``delay`` seconds per sample."""
+
+    def __init__(self, n: int = 8, delay: float = 0.5) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return i
+
+
+def assert_batches_equal(expected, actual) -> None:
+    """``torch.equal`` on every tensor of every batch; other leaves compared with ==."""
+    assert len(expected) == len(actual), (len(expected), len(actual))
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        _assert_same(a, b, f"batch {i}")
+
+
+def _assert_same(a, b, where: str) -> None:
+    assert type(a) is type(b), f"{where}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"{where}: {a} != {b}"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def alive_actor_count(class_name: str = "Worker") -> int:
+    """ALIVE actors of a class, from Ray's state API."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000, raise_on_missing_output=False)
+    return sum(1 for a in actors if a.class_name == class_name)
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
