@@ -28,7 +28,8 @@ def ray_local():
         ray.init(
             num_cpus=4,
             object_store_memory=256 * 1024 * 1024,
-            include_dashboard=False,
+            include_dashboard=True,  # ray.util.state, for the leak checks, needs it
+            dashboard_host="127.0.0.1",
             runtime_env=worker_env(),
             logging_level="ERROR",
         )
