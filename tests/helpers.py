@@ -103,10 +103,16 @@ def _assert_same(a, b, where: str) -> None:
 
 
 def alive_actor_count(class_name: str = "Worker") -> int:
-    """ALIVE actors of a class, from Ray's state API."""
+    """ALIVE actors of a class in this process's Ray session, from Ray's state API."""
+    from ray._private.worker import get_dashboard_url
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000, raise_on_missing_output=False)
+    actors = list_actors(
+        address=f"http://{get_dashboard_url()}",  # this session's, not another on the machine
+        filters=[("state", "=", "ALIVE")],
+        limit=10000,
+        raise_on_missing_output=False,
+    )
     return sum(1 for a in actors if a.class_name == class_name)
 
 
@@ -117,3 +123,37 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+class TwoArgError(Exception):
+    """An exception whose constructor cannot take a single message."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(code, detail)
+        self.code, self.detail = code, detail
+
+
+class TwoArgFailingDataset(RangeDataset):
+    def __getitem__(self, i):
+        if i == 3:
+            raise TwoArgError(42, "needs two arguments")
+        return super().__getitem__(i)
+
+
+INIT_CALLS = 0
+
+
+def counting_init_fn(worker_id: int) -> None:
+    global INIT_CALLS
+    INIT_CALLS += 1
+
+
+class WorkerInfoDataset(RangeDataset):
+    """Sample i reports (i, worker id, num_workers, seed, init calls, dpex's info agrees)."""
+
+    def __getitem__(self, i):
+        import dpex
+
+        info = get_worker_info()
+        same = dpex.get_worker_info() is info and info.dataset is not None
+        return torch.tensor([i, info.id, info.num_workers, info.seed, INIT_CALLS, int(same)])

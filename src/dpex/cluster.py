@@ -4,8 +4,9 @@ Rules (the loader's ``head_address`` argument):
 
 * If Ray is already initialised in this process (the user's ``ray.init()`` or an earlier
   dpex loader), use that session and never shut it down on the user's behalf.
-* ``"auto"``: join the cluster this machine belongs to (``RAY_ADDRESS`` or ``ray start
-  --head``); when none runs, start an embedded local Ray for this process.
+* ``"auto"``: join the cluster this machine belongs to (``RAY_ADDRESS``, or the one the last
+  ``ray start --head`` recorded); when none runs, start an embedded local Ray for this
+  process. Another process's embedded Ray is never joined.
 * ``None``: always start the embedded local Ray (never join).
 * An explicit ``"host:port"`` / ``"ray://host:port"``: check that it answers within a few
   seconds, else raise ``ConnectionError`` naming the address.
@@ -20,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import warnings
 from urllib.parse import urlparse
 
 import ray
@@ -51,17 +53,41 @@ def owns_ray_session() -> bool:
 
 
 def _join_or_start_embedded() -> None:
-    if os.environ.get("RAY_ADDRESS"):
-        address = os.environ["RAY_ADDRESS"]
-        if address != "auto":
-            _check_reachable(address)
-        ray.init(address=address, logging_level=logging.WARNING)
+    env_address = os.environ.get("RAY_ADDRESS")
+    if env_address:
+        if env_address not in ("auto", "local"):
+            _check_reachable(env_address)
+        if env_address == "local":
+            _start_embedded()
+        else:
+            ray.init(address=env_address, logging_level=logging.WARNING)
         return
-    try:
-        ray.init(address="auto", logging_level=logging.WARNING)
-    except ConnectionError:
-        # Nothing running on this machine: the embedded, process-local Ray.
-        _start_embedded()
+    recorded = _recorded_cluster_address()
+    if recorded:
+        try:
+            _check_reachable(recorded)
+        except ConnectionError:
+            warnings.warn(
+                f"dpex: the Ray cluster recorded by `ray start` at {recorded} does not answer "
+                "(stale after a crash?); starting an embedded local Ray instead.",
+                stacklevel=4,
+            )
+        else:
+            ray.init(address=recorded, logging_level=logging.WARNING)
+            return
+    # Nothing running on this machine: the embedded, process-local Ray. Other processes'
+    # embedded instances are deliberately not joined (Ray's legacy "auto" would grab one).
+    _start_embedded()
+
+
+def _recorded_cluster_address() -> str | None:
+    """The address the last `ray start --head` on this machine recorded, if any.
+
+    Ray keeps this lookup private (``ray.init(address=None)`` uses it); isolated here.
+    """
+    from ray._private.utils import read_ray_address
+
+    return read_ray_address()
 
 
 def _start_embedded() -> None:

@@ -1,0 +1,82 @@
+"""``dpex bench``: torch's DataLoader, dpex (both modes) and Ray Data, side by side.
+
+Example:
+    dpex bench --size small --workers 2 --out bench-results
+    dpex bench --workloads tiny,large --loaders torch,dpex-ray --address 10.0.0.1:6379
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dpex.bench.runners import LOADERS
+from dpex.bench.suite import DEFAULTS, SuiteConfig, run_suite
+from dpex.bench.workloads import SIZES, WORKLOADS
+
+
+def _names(allowed: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(allowed)}")
+        return names
+    return parse
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 2 or 1,2,4, got {text!r}")
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"worker counts must be >= 1, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n")[0]
+    parser.add_argument("--workloads", type=_names(WORKLOADS), default=list(WORKLOADS),
+                        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--loaders", type=_names(LOADERS), default=list(LOADERS),
+                        help=f"comma-separated, from {','.join(LOADERS)} (default: all)")
+    parser.add_argument("--workers", type=_ints, default=[2],
+                        help="num_workers for every loader; comma-separated to sweep (default 2)")
+    parser.add_argument("--size", choices=SIZES, default="small",
+                        help="items per epoch: tiny (smoke test), small (default), full")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per run incl. the warm-up epoch "
+                             + str({k: v[0] for k, v in DEFAULTS.items()}))
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="runs of each loader, alternating order "
+                             + str({k: v[1] for k, v in DEFAULTS.items()}))
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster for dpex-ray and ray-data ('host:port' or 'auto'); "
+                             "default: an embedded local Ray")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"),
+                        help="where results.json, results.md and bench.png go")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where generated data is cached (default: a temp dir)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = SuiteConfig(
+        workloads=args.workloads, loaders=args.loaders, workers=args.workers, size=args.size,
+        epochs=args.epochs, repeats=args.repeats, address=args.address, out=args.out,
+        data_dir=args.data_dir,
+    )
+    result = run_suite(config)
+    print()
+    print(result.table)
+    print()
+    print("Targets (ratios, higher is better):")
+    for target in result.targets:
+        print("  " + target.line())
+    for note in result.skipped:
+        print(f"skipped: {note}")
+    print(f"\nwrote {result.json_path}, {result.json_path.with_suffix('.md')}"
+          + (f", {result.plot_path}" if result.plot_path else ""))
+    failed = [r for r in result.rows if r.error and not r.repeats]
+    return 1 if failed else 0

@@ -1,0 +1,107 @@
+"""Peak memory of the trainer and its loader workers, sampled from a separate process.
+
+Run as ``python -m dpex.bench.memwatch PID``: it samples until it gets SIGTERM, then prints one
+JSON line ``{"peak_bytes": ..., "peak_trainer_bytes": ..., "samples": ...}``.
+Sampling from another process keeps the trainer's CPU time free of the monitor's cost.
+
+What is counted: the proportional set size (PSS, so pages shared between processes, such as
+forked workers' copy-on-write pages or Ray's shared-memory object store, are split between
+the processes mapping them rather than counted once per process) of
+
+* the trainer process ``PID``;
+* its descendants that do loader work: torch's worker processes, and Ray worker processes
+  whose title says they run a task or actor (``ray::Worker...``, ``ray::ReadRange->...``).
+
+Not counted: Ray's own daemons (gcs_server, raylet, dashboard, log monitor...), its agents,
+and idle pooled Ray workers (``ray::IDLE``). Workers on other machines (``--address`` of a
+remote cluster) cannot be seen from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import psutil
+
+_RAY_IDLE_OR_AGENT = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+_SYSTEM_MARKERS = (
+    "gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env",
+    "default_worker.py", "ray_client_server", "memwatch", "plasma_store",
+)
+
+
+def pss_bytes(pid: int) -> int:
+    """PSS of one process in bytes (0 if it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def counted(cmdline: str) -> bool:
+    """Whether a descendant of the trainer is loader work (see the module docstring)."""
+    if cmdline.startswith("ray::"):
+        return not cmdline.startswith(_RAY_IDLE_OR_AGENT)
+    return not any(marker in cmdline for marker in _SYSTEM_MARKERS)
+
+
+def loader_pids(root: int) -> list[int]:
+    """Descendants of ``root`` that count, right now."""
+    pids = []
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return pids
+    for child in children:
+        try:
+            cmd = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if child.pid != os.getpid() and counted(cmd):
+            pids.append(child.pid)
+    return pids
+
+
+def watch(root: int, stop: threading.Event, interval_s: float = 0.1,
+          rescan_s: float = 0.5) -> dict[str, int]:
+    """Sample until ``stop`` is set; return the peaks."""
+    peak = peak_trainer = samples = 0
+    pids: list[int] = []
+    next_scan = 0.0
+    while True:
+        now = time.monotonic()
+        if now >= next_scan:
+            pids = loader_pids(root)
+            next_scan = now + rescan_s
+        trainer = pss_bytes(root)
+        total = trainer + sum(pss_bytes(p) for p in pids)
+        peak, peak_trainer = max(peak, total), max(peak_trainer, trainer)
+        samples += 1
+        if stop.wait(interval_s):
+            return {"peak_bytes": peak, "peak_trainer_bytes": peak_trainer, "samples": samples}
+
+
+def main() -> int:
+    root = int(sys.argv[1])
+    stop = threading.Event()
+    # A signal, not EOF on stdin: workers forked by the trainer inherit the pipe's write end.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print("ready", flush=True)
+    print(json.dumps(watch(root, stop)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

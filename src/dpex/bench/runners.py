@@ -1,0 +1,183 @@
+"""One runner per loader kind, all measured by the same loop in the same way.
+
+A run builds one loader (persistent workers where the loader has them), iterates ``epochs``
+epochs over it, and tears it down. Epoch 0 is the warm-up (workers start, caches fill); the
+epochs after it are the steady state. Per epoch the loop records:
+
+* wall time and the items / bytes / batches it yielded (the trainer only counts them: it
+  does not touch the data, so no loader is charged for a copy it did not make);
+* time to first batch: from asking for the epoch's iterator to holding its first batch;
+* trainer CPU time: ``time.process_time()`` of the trainer process, all of its threads (so
+  Ray's client threads and Ray Data's executor thread are included), none of its workers.
+
+Peak memory comes from ``memwatch`` in a separate process (see that module for what counts).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from dpex.bench.workloads import Workload, batch_len, batch_nbytes
+
+LOADERS = ("torch", "dpex", "dpex-ray", "ray-data")
+RAY_LOADERS = ("dpex-ray", "ray-data")
+PREFETCH_FACTOR = 2
+
+
+@dataclass
+class EpochRecord:
+    """What one epoch took."""
+
+    seconds: float
+    items: int
+    nbytes: int
+    batches: int
+    first_batch_s: float
+    cpu_s: float
+
+
+@dataclass
+class RunRecord:
+    """One loader on one workload for ``len(epochs)`` epochs (epoch 0 is the warm-up)."""
+
+    loader: str
+    workload: str
+    workers: int
+    repeat: int
+    epochs: list[EpochRecord] = field(default_factory=list)
+    peak_bytes: int = 0
+    peak_trainer_bytes: int = 0
+    error: str | None = None
+
+    @property
+    def steady(self) -> list[EpochRecord]:
+        return self.epochs[1:] or self.epochs
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure_epochs(epoch_iter: Callable[[], Iterable[Any]], epochs: int) -> list[EpochRecord]:
+    """Iterate ``epochs`` epochs; ``epoch_iter()`` returns one epoch's iterable."""
+    records = []
+    for _ in range(epochs):
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        first = None
+        items = nbytes = batches = 0
+        for batch in epoch_iter():
+            if first is None:
+                first = time.perf_counter() - t0
+            items += batch_len(batch)
+            nbytes += batch_nbytes(batch)
+            batches += 1
+            del batch
+        seconds = time.perf_counter() - t0
+        records.append(EpochRecord(seconds, items, nbytes, batches,
+                                   first if first is not None else seconds,
+                                   time.process_time() - cpu0))
+    return records
+
+
+# ------------------------------------------------------------------ loader factories
+
+
+def _loader_kwargs(workload: Workload, workers: int) -> dict[str, Any]:
+    """The DataLoader arguments every DataLoader-shaped loader gets, identically."""
+    return dict(batch_size=workload.batch_size, shuffle=False, num_workers=workers,
+                persistent_workers=workers > 0,
+                prefetch_factor=PREFETCH_FACTOR if workers > 0 else None)
+
+
+def make_torch(workload: Workload, workers: int, address: str | None):
+    loader = torch.utils.data.DataLoader(workload.dataset, **_loader_kwargs(workload, workers))
+    return (lambda: loader), loader
+
+
+def make_dpex(workload: Workload, workers: int, address: str | None):
+    import dpex
+
+    loader = dpex.DataLoader(workload.dataset, **_loader_kwargs(workload, workers),
+                             distribute_mode=False)
+    return (lambda: loader), loader
+
+
+def make_dpex_ray(workload: Workload, workers: int, address: str | None):
+    import dpex
+
+    loader = dpex.DataLoader(workload.dataset, **_loader_kwargs(workload, workers),
+                             distribute_mode=True, head_address=address)
+    return (lambda: loader), loader
+
+
+def make_ray_data(workload: Workload, workers: int, address: str | None):
+    from dpex.bench import raydata
+
+    ds = raydata.build_dataset(workload, workers)
+    return (lambda: raydata.epoch_iterable(ds, workload.batch_size, PREFETCH_FACTOR)), ds
+
+
+FACTORIES = {"torch": make_torch, "dpex": make_dpex, "dpex-ray": make_dpex_ray,
+             "ray-data": make_ray_data}
+
+
+def start_ray(address: str | None) -> None:
+    """Join ``address`` or start the embedded local Ray (dpex's own rules), once."""
+    from dpex.cluster import ensure_ray
+
+    ensure_ray(address)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+# ------------------------------------------------------------------ one run
+
+
+class MemoryWatch:
+    """``memwatch`` in a child process, watching this (the trainer) process."""
+
+    def __init__(self) -> None:
+        import os
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "dpex.bench.memwatch", str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+        )
+        self._proc.stdout.readline()  # "ready"
+
+    def stop(self) -> dict[str, int]:
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=30)
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        return json.loads(lines[-1]) if lines else {"peak_bytes": 0, "peak_trainer_bytes": 0}
+
+
+def run_one(loader: str, workload: Workload, workers: int, epochs: int, repeat: int,
+            address: str | None = None) -> RunRecord:
+    """Build ``loader`` for ``workload``, run ``epochs`` epochs, tear it down."""
+    record = RunRecord(loader, workload.name, workers, repeat)
+    watch = MemoryWatch()
+    handle = None
+    try:
+        epoch_iter, handle = FACTORIES[loader](workload, workers, address)
+        record.epochs = measure_epochs(epoch_iter, epochs)
+    except Exception as exc:  # one broken loader must not sink the whole suite
+        record.error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    finally:
+        peaks = watch.stop()
+        record.peak_bytes = peaks.get("peak_bytes", 0)
+        record.peak_trainer_bytes = peaks.get("peak_trainer_bytes", 0)
+        del handle
+        gc.collect()
+        time.sleep(0.2)  # let torch workers / Ray actors of this run exit before the next
+    return record

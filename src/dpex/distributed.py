@@ -1,0 +1,253 @@
+"""One Ray cluster for every rank of a ``torch.distributed`` job (``torchrun``).
+
+NOTE [ One Ray cluster for all ranks ]
+
+Why
+  Each rank of a DDP job builds its own ``dpex.DataLoader``. Left alone, each rank would
+  resolve ``head_address="auto"`` by itself: with no cluster running, every rank would start
+  its own embedded Ray, and N Rays on one machine fight over the same cores. With several
+  clusters already running on a machine, Ray's ``"auto"`` even picks one of them arbitrarily.
+
+The design: rank 0 decides, the others follow
+  ``init_ray_for_ranks(head_address)`` is a collective: every rank calls it, after
+  ``torch.distributed.init_process_group`` and before building its loaders.
+    1. Rank 0 connects following the loader's rules (``dpex.cluster.ensure_ray``): a session
+       already open in the process, ``RAY_ADDRESS``, a cluster started with ``ray start``, or
+       else the embedded local Ray, which rank 0 then owns.
+    2. Rank 0 broadcasts what a driver needs to join that cluster over the process group
+       that already exists (so no extra rendezvous, port or file): the GCS address, whether
+       rank 0 owns it as its embedded Ray, its node's IP and host name, and the cluster's
+       token when token authentication is on.
+    3. Every other rank joins that exact address. The loaders then find Ray initialised and
+       use that session (``ensure_ray`` never starts a second one).
+  Rank 0's embedded Ray has only one node, rank 0's machine, and a Ray driver can only
+  join a cluster that has a node on its own machine. So a job spanning machines needs a
+  cluster started beforehand (``ray start --head`` on one machine, ``ray start --address``
+  on the others); a rank on another machine than rank 0's embedded Ray fails with an error
+  that says so instead of hanging.
+
+Token authentication (Ray >= 2.5x)
+  A cluster started by ``ray.init()`` turns token auth on by default ("Token authentication
+  is enabled for this Ray cluster") and keeps the token in ``~/.ray/auth_token``. A process
+  joining with an explicit address does *not* turn auth on by itself, and fails with
+  "Authentication token is missing or incorrect". So rank 0 sends the token along, and each
+  joining rank adopts it before ``ray.init`` (see ``_adopt_token``). The token travels over
+  the process group's connections: whoever can reach those can already run code in every
+  rank (``broadcast_object_list`` unpickles), so this exposes nothing new.
+
+Clean end
+  ``shutdown_ray_for_ranks()`` is a collective too: a barrier (every rank is done with its
+  loaders), the joining ranks disconnect (Ray kills the worker actors they own), a second
+  barrier, and only then rank 0 disconnects, which stops the cluster if it is rank 0's
+  embedded one. Stopping it earlier would pull the cluster from under ranks still using it.
+  ``ray_for_ranks()`` wraps both in a context manager; when the body raises, it skips the
+  barriers (a crashed peer would make them wait forever) and just disconnects this rank.
+
+Failures during setup
+  If rank 0 cannot connect, it still broadcasts (the error) so that the other ranks raise
+  too, instead of waiting in the broadcast until the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+import torch.distributed as dist
+
+from dpex.cluster import ensure_ray, owns_ray_session
+
+__all__ = ["init_ray_for_ranks", "ray_for_ranks", "shutdown_ray_for_ranks"]
+
+_SOURCE_RANK = 0
+_initialised_here = False  # True when init_ray_for_ranks connected this process to Ray
+
+
+@dataclass(frozen=True)
+class _ClusterInfo:
+    """What rank 0 broadcasts: how to join its cluster, or why it could not connect."""
+
+    address: str | None = None
+    embedded: bool = False  # rank 0's embedded Ray: joinable from rank 0's machine only
+    node_ip: str | None = None
+    hostname: str | None = None
+    auth_token: str | None = field(default=None, repr=False)  # a secret: never logged
+    error: str | None = None
+
+
+def init_ray_for_ranks(head_address: str | None = "auto") -> str:
+    """Connect every rank of the default process group to one Ray cluster; collective.
+
+    Call it on every rank after ``torch.distributed.init_process_group()`` and before the
+    first ``dpex.DataLoader(..., distribute_mode=True)`` is iterated. See the NOTE above.
+
+    Args:
+        head_address: the cluster rank 0 uses, with the loader's meaning: ``"auto"`` joins a
+            running cluster (``RAY_ADDRESS`` or ``ray start``) or else starts the embedded
+            local Ray; ``None`` always starts the embedded one; ``"host:port"`` joins that
+            cluster. The other ranks ignore it and join whatever rank 0 connected to.
+
+    Returns:
+        The GCS address of the cluster all ranks are now connected to.
+
+    Raises:
+        RuntimeError: the process group is not initialised, rank 0 could not connect, or
+            this rank cannot join rank 0's cluster (another machine, another session).
+
+    Example:
+        >>> torch.distributed.init_process_group("gloo")  # doctest: +SKIP
+        >>> dpex.distributed.init_ray_for_ranks()  # doctest: +SKIP
+        '10.0.0.5:6379'
+    """
+    global _initialised_here
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "init_ray_for_ranks() needs torch.distributed: call "
+            "torch.distributed.init_process_group() first (torchrun sets its environment)"
+        )
+    rank = dist.get_rank()
+    was_initialised = ray.is_initialized()
+    info = _connect_as_source(head_address) if rank == _SOURCE_RANK else None
+    received = [info]
+    dist.broadcast_object_list(received, src=_SOURCE_RANK)
+    info = received[0]
+    if info.error is not None:
+        raise RuntimeError(f"rank {_SOURCE_RANK} could not connect to Ray: {info.error}")
+    if rank != _SOURCE_RANK:
+        _join(info, rank)
+    _initialised_here = not was_initialised
+    return info.address
+
+
+def shutdown_ray_for_ranks() -> None:
+    """Disconnect every rank from Ray, rank 0 last; collective. See the NOTE above.
+
+    A session the user opened with ``ray.init()`` before ``init_ray_for_ranks`` is left
+    open. Drop (or finish iterating) your distributed loaders before calling this.
+    """
+    dist.barrier()  # every rank is done with its loaders
+    rank = dist.get_rank()
+    if rank != _SOURCE_RANK:
+        _disconnect()
+    dist.barrier()  # every joining rank has left: rank 0 may stop its embedded Ray
+    if rank == _SOURCE_RANK:
+        _disconnect()
+
+
+@contextmanager
+def ray_for_ranks(head_address: str | None = "auto") -> Iterator[str]:
+    """``init_ray_for_ranks`` on entry, ``shutdown_ray_for_ranks`` on a normal exit.
+
+    Yields the cluster's GCS address. When the body raises, this rank only disconnects
+    itself: waiting in a barrier for a peer that may have crashed could hang forever.
+
+    Example:
+        >>> with dpex.distributed.ray_for_ranks():  # doctest: +SKIP
+        ...     train(dpex.DataLoader(ds, sampler=DistributedSampler(ds), num_workers=4,
+        ...                           distribute_mode=True))
+    """
+    address = init_ray_for_ranks(head_address)
+    try:
+        yield address
+    except BaseException:
+        _disconnect()
+        raise
+    shutdown_ray_for_ranks()
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+def _connect_as_source(head_address: str | None) -> _ClusterInfo:
+    """Rank 0: connect by the loader's rules; describe the result (or the error) to share."""
+    try:
+        ensure_ray(head_address)
+        context = ray.get_runtime_context()
+        node_id = context.get_node_id()
+        node_ip = next(
+            (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None
+        )
+        return _ClusterInfo(
+            address=context.gcs_address,
+            embedded=owns_ray_session(),
+            node_ip=node_ip,
+            hostname=socket.gethostname(),
+            auth_token=_current_token(),
+        )
+    except Exception as exc:  # shared, so the other ranks fail too instead of waiting
+        return _ClusterInfo(error=f"{type(exc).__name__}: {exc}")
+
+
+def _join(info: _ClusterInfo, rank: int) -> None:
+    """A rank other than 0: join the cluster rank 0 described (or check it already has)."""
+    if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if current != info.address:
+            raise RuntimeError(
+                f"rank {rank} is already connected to the Ray cluster at {current}, but "
+                f"rank {_SOURCE_RANK} uses {info.address}; all ranks must share one cluster"
+            )
+        return
+    if info.embedded and info.hostname != socket.gethostname():
+        raise RuntimeError(
+            f"rank {_SOURCE_RANK} started an embedded Ray on {info.hostname}, which rank "
+            f"{rank} on {socket.gethostname()} cannot join. For a job across machines, "
+            "start a cluster first (`ray start --head` on one machine, `ray start "
+            "--address=HEAD:6379` on the others) and launch torchrun after it."
+        )
+    if info.auth_token is not None:
+        _adopt_token(info.auth_token)
+    kwargs = {}
+    if info.embedded:
+        # Same machine as rank 0: register as a driver of its one node, whatever IP this
+        # process would detect for itself.
+        from dpex.cluster import _driver_pythonpath
+
+        kwargs["_node_ip_address"] = info.node_ip
+        # As for rank 0's embedded Ray: actors import what this driver imports.
+        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": _driver_pythonpath()}}
+    ray.init(address=info.address, logging_level=logging.WARNING, **kwargs)
+
+
+def _disconnect() -> None:
+    """Leave Ray if ``init_ray_for_ranks`` connected this process (stops an owned cluster)."""
+    global _initialised_here
+    if _initialised_here and ray.is_initialized():
+        ray.shutdown()
+    _initialised_here = False
+
+
+def _current_token() -> str | None:
+    """This process's Ray auth token if token auth is on, found as Ray documents it."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return None  # ray.init() sets RAY_AUTH_MODE=token when it turns auth on
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _adopt_token(token: str) -> None:
+    """Make this process use token auth with ``token`` for its next ``ray.init``.
+
+    Setting ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN`` alone is not enough once ``ray`` is
+    imported: Ray caches its config and the token at import. Ray refreshes both the same way
+    when its own ``ray.init()`` turns auth on; these two private calls are the only way to do
+    it from here, and are kept to this one function.
+    """
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = token
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

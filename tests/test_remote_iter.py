@@ -1,0 +1,146 @@
+"""Worker semantics in distribute mode: errors, timeouts, worker info, prefetch, pinning,
+interleaved loaders, and no leaked actors."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import dpex
+from helpers import (
+    FailingDataset,
+    RangeDataset,
+    SlowDataset,
+    TwoArgError,
+    TwoArgFailingDataset,
+    WorkerInfoDataset,
+    alive_actor_count,
+    assert_batches_equal,
+    counting_init_fn,
+    wait_until,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def loader(dataset, **kwargs):
+    kwargs.setdefault("num_workers", 2)
+    return dpex.DataLoader(dataset, distribute_mode=True, **kwargs)
+
+
+def test_dataset_exception_keeps_type_with_remote_traceback_and_indices():
+    it = iter(loader(FailingDataset(20, bad=5), batch_size=4))
+    assert next(it).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError) as info:
+        next(it)
+    message = str(info.value)
+    assert "bad sample 5" in message
+    assert "[4, 5, 6, 7]" in message
+    assert "Traceback (most recent call last)" in message and "__getitem__" in message
+    assert "dpex worker 1" in message
+    # The iterator, like torch's, goes on with the following batches.
+    assert [b.tolist() for b in it] == [[8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
+
+
+def test_collate_exception_and_loader_stays_usable():
+    def bad_collate(samples):
+        if 6 in samples:
+            raise KeyError("no collate for 6")
+        return torch.tensor(samples)
+
+    data = loader(FailingDataset(8, bad=-1), batch_size=2, collate_fn=bad_collate)
+    for _ in range(2):  # a second epoch behaves the same: the loader is still usable
+        it = iter(data)
+        assert [next(it).tolist() for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]
+        with pytest.raises(KeyError, match=r"\[6, 7\][\s\S]*no collate for 6"):
+            next(it)
+        del it
+
+
+def test_exception_type_that_needs_other_arguments_is_raised_as_itself():
+    with pytest.raises(TwoArgError) as info:
+        list(loader(TwoArgFailingDataset(8), batch_size=2))
+    assert info.value.code == 42
+    assert any("[2, 3]" in note for note in info.value.__notes__)
+
+
+def test_timeout_raises_runtime_error_like_torch():
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.5 seconds"):
+        list(loader(SlowDataset(4, delay=3.0), batch_size=1, timeout=0.5))
+
+
+def test_timeout_zero_waits_for_a_slow_batch():
+    batches = list(loader(SlowDataset(2, delay=1.5), batch_size=1, num_workers=1))
+    assert [b.item() for b in batches] == [0, 1]
+
+
+def test_worker_info_seed_and_worker_init_fn_once_per_worker():
+    data = loader(WorkerInfoDataset(12), batch_size=2, persistent_workers=True,
+                  worker_init_fn=counting_init_fn, generator=torch.Generator().manual_seed(9))
+    rows = torch.cat([b for _ in range(2) for b in data])
+    reference = torch.utils.data.DataLoader(
+        WorkerInfoDataset(12), batch_size=2, num_workers=2, persistent_workers=True,
+        worker_init_fn=counting_init_fn, generator=torch.Generator().manual_seed(9))
+    expected = torch.cat([b for _ in range(2) for b in reference])
+    assert torch.equal(rows, expected)
+    worker_ids, num_workers, seeds, init_calls, same = rows[:, 1:].T
+    assert set(worker_ids.tolist()) == {0, 1} and set(num_workers.tolist()) == {2}
+    assert len(set(seeds.tolist())) == 2 and set(init_calls.tolist()) == {1}
+    assert set(same.tolist()) == {1}
+
+
+def test_prefetch_is_bounded_by_prefetch_factor_times_workers():
+    data = loader(RangeDataset(60), batch_size=2, prefetch_factor=3)
+    assert len(list(data)) == 30
+    assert data.stats().max_in_flight == 6
+
+
+def test_pin_memory_without_accelerator_warns_like_torch_and_yields_the_batches():
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        batches = list(loader(RangeDataset(6), batch_size=3, pin_memory=True))
+    assert [b.flatten().tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_two_loaders_interleaved_in_one_process():
+    def make(mode, n):
+        return dpex.DataLoader(RangeDataset(n), batch_size=2, shuffle=True, num_workers=2,
+                               generator=torch.Generator().manual_seed(n), distribute_mode=mode)
+
+    def interleave(mode):
+        seen = []
+        for train_batch, val_batch in zip(make(mode, 16), make(mode, 10)):
+            seen += [train_batch, val_batch]
+        return seen
+
+    assert_batches_equal(interleave(False), interleave(True))
+
+
+def test_stats_count_batches_per_worker_and_node():
+    data = loader(RangeDataset(20), batch_size=2)
+    list(data)
+    stats = data.stats()
+    assert stats.batches == 10 and stats.per_worker == {0: 5, 1: 5}
+    assert sum(stats.per_node.values()) == 10
+    assert stats.wait_s >= 0 and "10 batches" in stats.summary()
+
+
+def test_no_actor_leaks_after_epoch_break_or_delete():
+    assert wait_until(lambda: alive_actor_count() == 0)
+    list(loader(RangeDataset(8), batch_size=2))  # a full epoch releases its workers
+    assert wait_until(lambda: alive_actor_count() == 0)
+
+    it = iter(loader(RangeDataset(40), batch_size=2))
+    next(it)
+    assert alive_actor_count() == 2
+    del it  # breaking out of an epoch drops the iterator
+    assert wait_until(lambda: alive_actor_count() == 0)
+
+    persistent = loader(RangeDataset(8), batch_size=2, persistent_workers=True)
+    list(persistent)
+    list(persistent)
+    assert alive_actor_count() == 2
+    del persistent
+    gc.collect()
+    assert wait_until(lambda: alive_actor_count() == 0)
