@@ -222,37 +222,7 @@ def test_rank_defaults_to_the_environment_of_the_constructing_process(data_dir, 
     assert (ParquetIterableDataset(directory, rank=0).rank) == 0
 
 
-@pytest.mark.parametrize("distribute_mode", MODES)
-def test_streaming_exactly_once_across_2_ranks_x_2_workers(ray_local, data_dir, distribute_mode):
-    directory, ids = data_dir
-    seen, per_rank = [], []
-    for rank in range(2):
-        ds = ParquetIterableDataset(
-            directory, columns=["id"], rank=rank, world_size=2, shuffle=True, seed=7, batch_rows=3
-        )
-        loader = dpex.DataLoader(ds, batch_size=4, num_workers=2, distribute_mode=distribute_mode)
-        rank_ids = [i for batch in loader for i in batch["id"].tolist()]
-        per_rank.append(rank_ids)
-        seen += rank_ids
-    assert_exactly_once(seen, ids)
-    assert all(per_rank)
-
-
-@pytest.mark.parametrize("distribute_mode", MODES)
-def test_map_style_exactly_once_across_2_ranks_x_2_workers(ray_local, data_dir, distribute_mode):
-    directory, ids = data_dir
-    ds = ParquetDataset(directory, columns=["id"])
-    seen = []
-    for rank in range(2):
-        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=5)
-        loader = dpex.DataLoader(
-            ds, batch_size=3, sampler=sampler, num_workers=2, distribute_mode=distribute_mode
-        )
-        seen += [i for batch in loader for i in batch["id"].tolist()]
-    assert_exactly_once(seen, ids)
-
-
-def _batches(ds, distribute_mode: bool, **kwargs) -> list:
+def _rank_batches(ds, distribute_mode: bool, **kwargs) -> list:
     loader = dpex.DataLoader(
         ds,
         num_workers=2,
@@ -263,18 +233,42 @@ def _batches(ds, distribute_mode: bool, **kwargs) -> list:
     return list(loader)
 
 
-def test_map_style_batches_identical_in_both_modes(ray_local, data_dir):
-    directory, _ = data_dir
+def test_streaming_exactly_once_across_2_ranks_x_2_workers_in_both_modes(ray_local, data_dir):
+    """Each rank's batches: the same bits in both modes; over both ranks, every row once."""
+    directory, ids = data_dir
+    seen = {False: [], True: []}
+    for rank in range(2):
+        ds = ParquetIterableDataset(
+            directory,
+            columns=["id", "x"],
+            transform=to_tensors,
+            rank=rank,
+            world_size=2,
+            shuffle=True,
+            seed=7,
+            batch_rows=3,
+        )
+        batches = {mode: _rank_batches(ds, mode, batch_size=4) for mode in (False, True)}
+        assert_batches_equal(batches[False], batches[True])
+        for mode, mode_batches in batches.items():
+            rank_ids = [i for batch in mode_batches for i in batch["id"].tolist()]
+            assert rank_ids, f"rank {rank} read nothing"
+            seen[mode] += rank_ids
+    for mode in (False, True):
+        assert_exactly_once(seen[mode], ids)
+
+
+def test_map_style_exactly_once_across_2_ranks_x_2_workers_in_both_modes(ray_local, data_dir):
+    directory, ids = data_dir
     ds = ParquetDataset(directory, columns=["id", "x"], transform=to_tensors)
-    torch_batches = _batches(ds, False, batch_size=6, shuffle=True)
-    ray_batches = _batches(ds, True, batch_size=6, shuffle=True)
-    assert_batches_equal(torch_batches, ray_batches)
-    assert sorted(torch.cat([b["id"] for b in ray_batches]).tolist()) == list(range(40))
+    seen = {False: [], True: []}
+    for rank in range(2):
+        batches = {}
+        for mode in (False, True):
+            sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=5)
+            batches[mode] = _rank_batches(ds, mode, batch_size=3, sampler=sampler)
+            seen[mode] += [i for batch in batches[mode] for i in batch["id"].tolist()]
+        assert_batches_equal(batches[False], batches[True])
+    for mode in (False, True):
+        assert_exactly_once(seen[mode], ids)
 
-
-def test_streaming_batches_identical_in_both_modes(ray_local, data_dir):
-    directory, _ = data_dir
-    ds = ParquetIterableDataset(
-        directory, columns=["id", "x"], transform=to_tensors, shuffle=True, seed=11, batch_rows=4
-    )
-    assert_batches_equal(_batches(ds, False, batch_size=5), _batches(ds, True, batch_size=5))
