@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from common import (
-    SmallCNN, datasets, eval_loader, fit, load_image_data, make_reproducible, parse_args,
-    train_loader,
+    Ranks, SmallCNN, datasets, eval_loader, fit, load_image_data, make_reproducible,
+    parse_args, train_loader,
 )
 
 
@@ -27,15 +27,9 @@ def main(argv: list[str] | None = None) -> int:
           f"test images; distribute_mode={args.distribute_mode}, {args.workers} workers",
           flush=True)
     model = SmallCNN(data.num_classes).to(device)  # after seeding: the same weights every run
-    fit(model, train_loader(train_set, args), eval_loader(test_set, _ranks()), args,
+    fit(model, train_loader(train_set, args), eval_loader(test_set, Ranks()), args,
         setup="single device", device=device, dataset_name=data.name)
     return 0
-
-
-def _ranks():
-    from common import Ranks
-
-    return Ranks()
 
 
 if __name__ == "__main__":

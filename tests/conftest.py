@@ -19,6 +19,14 @@ def worker_env() -> dict:
     return {"env_vars": {"PYTHONPATH": path}}
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A local Ray session (4 logical CPUs, 256 MiB object store), reused across modules."""
@@ -30,6 +38,7 @@ def ray_local():
             object_store_memory=256 * 1024 * 1024,
             include_dashboard=True,  # ray.util.state, for the leak checks, needs it
             dashboard_host="127.0.0.1",
+            dashboard_port=free_port(),
             runtime_env=worker_env(),
             logging_level="ERROR",
         )

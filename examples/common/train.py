@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, Sampler, Subset
 from tqdm import tqdm
 
 import dpex
+import dpex.cluster
 from common.augment import EvalTransform, TrainAugment
 from common.data import ImageClassification, ImageData
 from common.ranks import Ranks
@@ -104,6 +105,10 @@ def fit(
     ``model`` may be wrapped (DataParallel, DDP); its ``.module`` is then fingerprinted.
     """
     ranks = ranks or Ranks()
+    if args.distribute_mode and args.workers > 0:
+        # Connect now (the loader would on its first epoch) so that epoch 1's time is
+        # training and starting the workers, not starting Ray. Under DDP, already done.
+        dpex.cluster.ensure_ray(args.head_address)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     record = RunRecord(
         setup=setup, distribute_mode=args.distribute_mode, epochs=args.epochs, lr=args.lr,

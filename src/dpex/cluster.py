@@ -17,6 +17,7 @@ The embedded Ray has its dashboard off, is bound to loopback, and is stopped at 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
@@ -92,17 +93,35 @@ def _recorded_cluster_address() -> str | None:
 
 def _start_embedded() -> None:
     global _embedded_started
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        dashboard_host="127.0.0.1",
-        _node_ip_address="127.0.0.1",
-        logging_level=logging.WARNING,
-        # Workers import what the driver imports: keep the driver's directory importable.
-        runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
-    )
+    with _loopback_only():
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            # Workers import what the driver imports: keep the driver's path importable.
+            runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
+        )
     _embedded_started = True
     atexit.register(_stop_embedded)
+
+
+@contextlib.contextmanager
+def _loopback_only():
+    """Make ``ray.init`` bind every server of the new node to 127.0.0.1.
+
+    On Linux Ray resolves even ``_node_ip_address="127.0.0.1"`` to the routable address and
+    listens on all interfaces. Ray itself binds to loopback when its "clusters enabled" flag
+    is off (its macOS/Windows default), read at call time; a process-local Ray wants exactly
+    that. The one private Ray switch dpex touches, restored right after.
+    """
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _stop_embedded() -> None:

@@ -1,7 +1,8 @@
 """Peak memory of the trainer and its loader workers, sampled from a separate process.
 
 Run as ``python -m dpex.bench.memwatch PID``: it samples until it gets SIGTERM, then prints one
-JSON line ``{"peak_bytes": ..., "peak_trainer_bytes": ..., "samples": ...}``.
+JSON line ``{"peak_bytes": ..., "peak_trainer_bytes": ..., "baseline_bytes": ..., "samples": ...}``;
+the baseline is the first sample, taken before it answers "ready".
 Sampling from another process keeps the trainer's CPU time free of the monitor's cost.
 
 What is counted: the proportional set size (PSS, so pages shared between processes, such as
@@ -75,9 +76,10 @@ def loader_pids(root: int) -> list[int]:
 
 
 def watch(root: int, stop: threading.Event, interval_s: float = 0.1,
-          rescan_s: float = 0.5) -> dict[str, int]:
-    """Sample until ``stop`` is set; return the peaks."""
+          rescan_s: float = 0.5, ready: threading.Event | None = None) -> dict[str, int]:
+    """Sample until ``stop`` is set; return the peaks and the first sample (the baseline)."""
     peak = peak_trainer = samples = 0
+    baseline = None
     pids: list[int] = []
     next_scan = 0.0
     while True:
@@ -89,8 +91,13 @@ def watch(root: int, stop: threading.Event, interval_s: float = 0.1,
         total = trainer + sum(pss_bytes(p) for p in pids)
         peak, peak_trainer = max(peak, total), max(peak_trainer, trainer)
         samples += 1
+        if baseline is None:
+            baseline = total
+            if ready is not None:
+                ready.set()
         if stop.wait(interval_s):
-            return {"peak_bytes": peak, "peak_trainer_bytes": peak_trainer, "samples": samples}
+            return {"peak_bytes": peak, "peak_trainer_bytes": peak_trainer,
+                    "baseline_bytes": baseline, "samples": samples}
 
 
 def main() -> int:
@@ -98,8 +105,10 @@ def main() -> int:
     stop = threading.Event()
     # A signal, not EOF on stdin: workers forked by the trainer inherit the pipe's write end.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("ready", flush=True)
-    print(json.dumps(watch(root, stop)), flush=True)
+    ready = threading.Event()
+    threading.Thread(target=lambda: (ready.wait(), print("ready", flush=True)),
+                     daemon=True).start()
+    print(json.dumps(watch(root, stop, ready=ready)), flush=True)
     return 0
 
 

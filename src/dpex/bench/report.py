@@ -31,7 +31,7 @@ class Row:
     first_batch_ms: float  # steady-state epochs
     cold_first_batch_s: float  # epoch 0: includes starting the workers
     cpu_ms_per_batch: float
-    peak_mb: float
+    peak_mb: float  # peak over the baseline taken just before the loader was built
     ratio_items: float | None  # items/s over torch's, median of per-repeat ratios
     ratio_mb: float | None
     error: str | None = None
@@ -82,7 +82,7 @@ def summarise(records: list[RunRecord]) -> list[Row]:
             cpu_ms_per_batch=_median(
                 1e3 * sum(e.cpu_s for e in r.steady) / max(1, b) for r, b in zip(ok, batches)
             ),
-            peak_mb=_median(r.peak_bytes / MB for r in ok),
+            peak_mb=_median((r.peak_bytes - r.baseline_bytes) / MB for r in ok),
             ratio_items=_median(ratios_items) if ratios_items else None,
             ratio_mb=_median(ratios_mb) if ratios_mb else None,
             error=errors or None,
@@ -147,7 +147,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def markdown_table(rows: list[Row]) -> str:
     header = ("| workload | loader | N | items/s | MB/s | × torch (items/s) | × torch (MB/s) "
               "| first batch, steady (ms) | first batch, cold (s) | trainer CPU / batch (ms) "
-              "| peak mem (MB) |")
+              "| peak mem, added (MB) |")
     lines = [header, "|" + "---|" * 11]
     for r in sorted(rows, key=_row_order):
         if r.error and not r.repeats:
@@ -193,7 +193,8 @@ def plot(rows: list[Row], path: Path, title: str = "") -> Path:
          else r.ratio_items, False),
         ("first batch of a steady epoch (ms)", lambda r: r.first_batch_ms, True),
         ("trainer CPU time per batch (ms)", lambda r: r.cpu_ms_per_batch, True),
-        ("peak memory, trainer + workers (MB)", lambda r: r.peak_mb, False),
+        ("peak memory added by the loader: trainer + workers, PSS (MB)",
+         lambda r: r.peak_mb, False),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(13, 8))
     width = 0.8 / max(1, len(loaders))

@@ -58,6 +58,7 @@ class RunRecord:
     epochs: list[EpochRecord] = field(default_factory=list)
     peak_bytes: int = 0
     peak_trainer_bytes: int = 0
+    baseline_bytes: int = 0  # trainer (+ any leftover workers) before the loader was built
     error: str | None = None
 
     @property
@@ -177,6 +178,7 @@ def run_one(loader: str, workload: Workload, workers: int, epochs: int, repeat: 
         peaks = watch.stop()
         record.peak_bytes = peaks.get("peak_bytes", 0)
         record.peak_trainer_bytes = peaks.get("peak_trainer_bytes", 0)
+        record.baseline_bytes = peaks.get("baseline_bytes", 0)
         del handle
         gc.collect()
         time.sleep(0.2)  # let torch workers / Ray actors of this run exit before the next

@@ -1,0 +1,78 @@
+"""Smoke tests of the benchmark suite: each benchmark script, every loader, at a tiny size.
+
+No timing is asserted (speed lives in the benchmarks themselves); these only keep the suite
+from rotting: every workload runs on every loader, and the table, JSON and plot come out.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from dpex.bench import report
+from dpex.bench.runners import LOADERS, EpochRecord, RunRecord
+
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}",
+                                                  os.path.join(BENCH_DIR, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("workload", ["cpu", "tiny", "large", "shards"])
+def test_benchmark_script_runs_every_loader(workload, tmp_path, capsys, ray_local):
+    script = _load_script(f"bench_{workload}")
+    out = tmp_path / "out"
+    code = script.main(["--size", "tiny", "--workers", "1", "--epochs", "2", "--repeats", "1",
+                        "--out", str(out), "--data-dir", str(tmp_path / "data")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    rows = [line for line in printed.splitlines() if line.startswith(f"| {workload} |")]
+    assert sorted(line.split("|")[2].strip() for line in rows) == sorted(LOADERS)
+    assert "failed" not in printed
+    assert (out / "bench.png").read_bytes()[:8] == PNG_SIGNATURE
+    results = json.loads((out / "results.json").read_text())
+    assert {r["loader"] for r in results["records"]} == set(LOADERS)
+    for rec in results["records"]:
+        assert rec["error"] is None
+        assert len(rec["epochs"]) == 2
+        assert all(e["items"] > 0 for e in rec["epochs"])
+
+
+def test_run_all_script_parses_options():
+    module = _load_script("run_all")
+    with pytest.raises(SystemExit):
+        module.main(["--workloads", "nope"])
+
+
+def _record(loader: str, repeat: int, seconds: float) -> RunRecord:
+    epochs = [EpochRecord(seconds, 64, 64 * 1000, 1, seconds / 2, 0.01) for _ in range(3)]
+    return RunRecord(loader, "tiny", 2, repeat, epochs)
+
+
+def test_ratios_are_taken_within_a_repeat_then_medianed():
+    records = [_record("torch", 0, 1.0), _record("dpex-ray", 0, 2.0),
+               _record("torch", 1, 2.0), _record("dpex-ray", 1, 2.0),
+               _record("torch", 2, 4.0), _record("dpex-ray", 2, 2.0)]
+    rows = {r.loader: r for r in report.summarise(records)}
+    assert rows["dpex-ray"].ratio_items == pytest.approx(1.0)  # median of 0.5, 1, 2
+    checks = report.targets(list(rows.values()))
+    tiny = [t for t in checks if t.text.startswith("items/s")]
+    assert tiny and tiny[0].met is True
+
+
+def test_table_and_plot_from_records(tmp_path):
+    rows = report.summarise([_record(name, 0, 1.0) for name in LOADERS])
+    table = report.markdown_table(rows)
+    assert table.count("\n| tiny |") == len(LOADERS)
+    path = report.plot(rows, tmp_path / "p.png")
+    assert path.read_bytes()[:8] == PNG_SIGNATURE

@@ -1,0 +1,113 @@
+"""Joining Ray: the embedded local Ray, a user's own session, an explicit address that
+answers, and one that does not. Each case runs in a fresh interpreter, since a process
+has one Ray connection."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import SRC_DIR, TESTS_DIR, free_port
+from helpers import alive_actor_count, wait_until
+
+PRELUDE = """
+import atexit, json, sys
+import ray
+# Registered first, so it runs last at exit: is Ray still up after dpex's own exit hooks?
+atexit.register(lambda: print(json.dumps({"ray_up_at_exit": ray.is_initialized()}), flush=True))
+import torch, dpex
+from dpex import cluster
+from helpers import RangeDataset
+def run(**kw):
+    loader = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=2, distribute_mode=True, **kw)
+    return [b.flatten().tolist() for b in loader]
+"""
+
+
+def run_script(body: str, timeout: float = 120) -> list[dict]:
+    """Run PRELUDE + body in a fresh interpreter; return the JSON lines it printed."""
+    code = PRELUDE + textwrap.dedent(body)
+    env = {"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=TESTS_DIR)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_exit():
+    out = run_script("""
+        batches = run()
+        second = run()  # a second loader shares the same session
+        node = ray.nodes()[0]
+        print(json.dumps({"batches": batches, "same": batches == second,
+                          "owns": cluster.owns_ray_session(),
+                          "ip": node["NodeManagerAddress"],
+                          "dashboard": ray._private.worker.get_dashboard_url()}))
+    """)
+    assert out[0]["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and out[0]["same"]
+    assert out[0]["owns"] and out[0]["ip"] == "127.0.0.1"
+    assert not out[0]["dashboard"]
+    assert out[1] == {"ray_up_at_exit": False}
+
+
+def test_users_own_ray_session_is_used_and_left_running():
+    out = run_script("""
+        ctx = ray.init(num_cpus=2, include_dashboard=False)
+        node_before = ray.get_runtime_context().get_node_id()
+        batches = run()
+        import gc; gc.collect()
+        print(json.dumps({"batches": batches, "owns": cluster.owns_ray_session(),
+                          "up": ray.is_initialized(),
+                          "same_node": ray.get_runtime_context().get_node_id() == node_before}))
+    """)
+    assert out[0] == {"batches": [[0, 1], [2, 3], [4, 5], [6, 7]], "owns": False, "up": True,
+                      "same_node": True}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:2"])
+def test_unreachable_address_fails_fast_naming_it(address):
+    out = run_script(f"""
+        try:
+            run(head_address={address!r})
+        except ConnectionError as exc:
+            print(json.dumps({{"error": str(exc)}}))
+    """)
+    assert address in out[0]["error"]
+
+
+@pytest.fixture(scope="module")
+def running_cluster():
+    """A Ray cluster with a head and one worker node, as `ray start` would make."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+        "dashboard_port": free_port()})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address, logging_level="ERROR")
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_explicit_address_joins_the_cluster_and_exit_releases_workers(running_cluster):
+    out = run_script(f"""
+        loader = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=2, distribute_mode=True,
+                                 persistent_workers=True, head_address={running_cluster.address!r})
+        batches = [b.flatten().tolist() for b in loader]
+        print(json.dumps({{"batches": batches, "owns": cluster.owns_ray_session(),
+                          "nodes": len(ray.nodes()), "per_node": loader.stats().per_node}}))
+        # exit without deleting the loader: dpex's exit hook must release the workers
+    """)
+    assert out[0]["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert out[0]["nodes"] == 2 and not out[0]["owns"]
+    assert len(out[0]["per_node"]) == 2  # spread over both nodes
+    assert out[1] == {"ray_up_at_exit": True}  # the cluster is not ours to stop...
+    assert wait_until(lambda: alive_actor_count() == 0)  # ...but our workers are gone
