@@ -157,3 +157,30 @@ class WorkerInfoDataset(RangeDataset):
         info = get_worker_info()
         same = dpex.get_worker_info() is info and info.dataset is not None
         return torch.tensor([i, info.id, info.num_workers, info.seed, INIT_CALLS, int(same)])
+
+
+class PoisonDataset(RangeDataset):
+    """Sample ``bad`` kills the process that loads it, every time (a poison sample)."""
+
+    def __init__(self, n: int = 20, bad: int = 9) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            import os
+
+            os._exit(1)
+        return super().__getitem__(i)
+
+
+def worker_actors(alive_only: bool = True) -> list:
+    """dpex worker actors of this session (pid, node_id, actor_id), from Ray's state API."""
+    from ray._private.worker import get_dashboard_url
+    from ray.util.state import list_actors
+
+    filters = [("class_name", "=", "Worker")]
+    if alive_only:
+        filters.append(("state", "=", "ALIVE"))
+    return list_actors(address=f"http://{get_dashboard_url()}", filters=filters, detail=True,
+                       limit=10000, raise_on_missing_output=False)

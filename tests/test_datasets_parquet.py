@@ -173,6 +173,15 @@ def test_missing_column_raises_key_error_naming_it(data_dir):
     assert str(restored) == str(excinfo.value)
 
 
+def test_a_stray_non_parquet_file_is_a_clear_error(tmp_path):
+    write_parquet_dir(str(tmp_path), [4], row_group_size=2)
+    (tmp_path / "_SUCCESS").write_text("")  # skipped, as pyarrow skips '_' and '.' names
+    assert len(ParquetDataset(tmp_path)) == 4
+    (tmp_path / "README.txt").write_text("about this data")
+    with pytest.raises(ValueError, match="cannot read .* as Parquet.*README.txt"):
+        ParquetDataset(tmp_path)
+
+
 def test_bad_arguments(tmp_path, data_dir):
     directory, _ = data_dir
     with pytest.raises(ValueError, match="no Parquet files"):

@@ -65,8 +65,9 @@ class WorkerOptions:
     def actor_options(self, node_id: str | None) -> dict[str, Any]:
         """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""
         options: dict[str, Any] = dict(self.ray_options)
-        if self.num_cpus is not None:
-            options["num_cpus"] = self.num_cpus
+        # Explicit 0, not Ray's default: an actor that names other resources would otherwise
+        # hold a CPU for its lifetime, and workers could no longer outnumber cores.
+        options["num_cpus"] = self.num_cpus if self.num_cpus is not None else 0
         if self.num_gpus:
             options["num_gpus"] = self.num_gpus
         if self.memory is not None:

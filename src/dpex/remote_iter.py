@@ -52,6 +52,7 @@ import atexit
 import itertools
 import threading
 import time
+import uuid
 import warnings
 import weakref
 from collections import deque
@@ -59,11 +60,11 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
-from ray.exceptions import ObjectLostError, RayActorError
+from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError
 
 from dpex import transport
 from dpex.cluster import ensure_ray
-from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions
+from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
 from dpex.seeding import RngState, draw_base_seed
 from dpex.worker import DATA, END, ERROR, TaskResult, Worker, WorkerConfig
 
@@ -137,6 +138,7 @@ class _RayDataLoaderIter:
             worker_init_fn=loader.worker_init_fn,
         )
         self._picker = NodePicker(self._options)
+        self._id = uuid.uuid4().hex[:8]
         self._slots = [_WorkerSlot(i) for i in range(self._num_workers)]
         for slot in self._slots:
             self._start_worker(slot)
@@ -270,6 +272,9 @@ class _RayDataLoaderIter:
             # The worker died, or its node did and took the result with it.
             self._recover(slot, exc)
             return
+        except ActorUnschedulableError as exc:
+            self._on_unschedulable(slot, exc)
+            return
         for result in results:
             index = slot.in_flight.pop(result.task_id)
             self._task_ref.pop(result.task_id, None)
@@ -328,7 +333,11 @@ class _RayDataLoaderIter:
             resume = (slot.epoch_start_rng, list(slot.replay_log))
         else:
             resume = (slot.rng_state, [])
-        actor_cls = _remote_worker_class().options(**self._options.actor_options(node_id))
+        # Named, so `ray list actors` shows whose worker it is.
+        name = f"dpex-{self._id}-worker{slot.worker_id}-{slot.restarts}"
+        actor_cls = _remote_worker_class().options(
+            name=name, **self._options.actor_options(node_id)
+        )
         slot.actor = actor_cls.remote(self._dataset_ref, self._config, slot.worker_id, *resume)
         slot.node_id = node_id
         slot.ready_ref = slot.actor.ready.remote()
@@ -340,10 +349,21 @@ class _RayDataLoaderIter:
             slot.node_id, _pid = ray.get(ref)
         except RayActorError as exc:
             if getattr(exc, "actor_init_failed", False):
-                raise RuntimeError(
-                    f"dpex worker {slot.worker_id} failed to start: {exc}"
-                ) from None
+                self._shutdown_workers()
+                raise RuntimeError(f"dpex worker {slot.worker_id} failed to start: {exc}") from None
             self._recover(slot, exc)
+        except ActorUnschedulableError as exc:
+            self._on_unschedulable(slot, exc)
+
+    def _on_unschedulable(self, slot: _WorkerSlot, exc: Exception) -> None:
+        """Ray refused the placement: the node vanished (retry elsewhere) or can never fit."""
+        if slot.node_id in eligible_nodes(self._options, self._picker.trainer_node_id):
+            self._shutdown_workers()
+            raise RuntimeError(
+                f"dpex worker {slot.worker_id} cannot be placed: wanted "
+                f"{self._picker.describe_request()} ({exc})"
+            ) from None
+        self._recover(slot, exc)
 
     def _check_start_deadlines(self) -> None:
         now = time.monotonic()

@@ -9,6 +9,7 @@ worker's own filesystem; a file's footer is parsed once per worker and reused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -51,7 +52,7 @@ class ParquetFiles:
     ) -> None:
         self.source = FileSource.resolve(source, filesystem, storage_options)
         self.source.require_exists()
-        with self.source.errors("listing"):
+        with self.source.errors("listing"), _not_parquet_is_value_error(self.source.uri):
             dataset = pads.dataset(
                 self.source.path,
                 filesystem=self.source.filesystem(),
@@ -137,6 +138,18 @@ class ParquetFiles:
             yield from self._row_group_fragment(unit).to_batches(
                 schema=self.schema, columns=self.columns, batch_size=batch_rows, use_threads=False
             )
+
+
+@contextlib.contextmanager
+def _not_parquet_is_value_error(uri: str) -> Iterator[None]:
+    # A stray README or a truncated file must stop the job, not be skipped in silence.
+    try:
+        yield
+    except pa.ArrowInvalid as exc:
+        raise ValueError(
+            f"cannot read {uri!r} as Parquet: {exc}. Names starting with '_' or '.' are "
+            "skipped; keep other files out of a dataset directory."
+        ) from None
 
 
 def _check_columns(

@@ -56,7 +56,8 @@ def write_shards(
         out_dir: the output directory: a local path or an ``s3://``/``hdfs://`` URI.
         format: ``"tar"`` or ``"parquet"``.
         samples_per_shard: samples per shard (the last shard may hold fewer).
-        max_shard_bytes: tar only: also start a new shard once one holds this many bytes.
+        max_shard_bytes: tar only: also start a new shard once one holds this many bytes of
+            encoded sample payload (webdataset's measure; tar headers not counted).
         row_group_size: Parquet only: rows per row group, the unit of random access and of
             sharding between streaming readers.
         prefix: shard file name prefix.
