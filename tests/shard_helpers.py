@@ -1,4 +1,4 @@
-"""Data builders and instrumented datasets for the dpex.datasets tests (importable by Ray workers)."""
+"""Data builders and instrumented datasets for the dpex.datasets tests (Ray workers import it)."""
 
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ def test_bad_arguments(tmp_path, data_dir):
         ParquetDataset(directory, columns="id")
     with pytest.raises(TypeError, match="transform"):
         ParquetDataset(directory, transform=3)
-    with pytest.raises(ValueError, match=r"Invalid rank 2, rank should be in the interval \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"Invalid rank 2, rank should be in the interval"):
         ParquetIterableDataset(directory, rank=2, world_size=2)
     with pytest.raises(ValueError, match="batch_rows"):
         ParquetIterableDataset(directory, batch_rows=0)
@@ -216,7 +216,9 @@ def test_streaming_shuffle_follows_seed_and_epoch(data_dir):
     ds.set_epoch(1)
     epoch1 = [row["id"] for row in ds]
     assert epoch1 != epoch0 and sorted(epoch0) == sorted(epoch1) == ids
-    other = ParquetIterableDataset(directory, columns=["id"], shuffle=True, seed=3, world_size=2, rank=0)
+    other = ParquetIterableDataset(
+        directory, columns=["id"], shuffle=True, seed=3, world_size=2, rank=0
+    )
     # Every rank orders the row groups the same way, then takes its share.
     assert other.row_groups_for(0) + other.row_groups_for(1) != []
     assert sorted(other.row_groups_for(0) + other.row_groups_for(1)) == list(range(10))

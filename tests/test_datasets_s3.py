@@ -1,4 +1,4 @@
-"""Parquet datasets against a real S3 API: a moto server on localhost, via pyarrow's S3FileSystem."""
+"""Parquet datasets against a real S3 API: a local moto server, via pyarrow's S3FileSystem."""
 
 from __future__ import annotations
 
@@ -171,6 +171,7 @@ def test_unreachable_endpoint_raises_connection_error_naming_it():
     options = {"endpoint_override": endpoint, "scheme": "http", **CREDENTIALS}
     with pytest.raises(ConnectionError, match=f"cannot reach the storage endpoint {endpoint}"):
         ParquetDataset(f"s3://{BUCKET}/train", storage_options=options)
-    fs = pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    one_try = pafs.AwsStandardS3RetryStrategy(max_attempts=1)
+    fs = pafs.S3FileSystem(**options, retry_strategy=one_try)
     with pytest.raises(OSError, match=endpoint):
         ParquetIterableDataset(f"{BUCKET}/train", filesystem=fs)

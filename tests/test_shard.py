@@ -47,7 +47,7 @@ def test_tar_round_trip_restores_every_field(tmp_path):
     samples = _tar_samples(paths)
     assert [s["__key__"] for s in samples] == [f"{i:09d}" for i in range(23)]
     for i, s in enumerate(samples):
-        fields = {name.split(".")[0]: value for name, value in s.items() if not name.startswith("__")}
+        fields = {n.split(".")[0]: value for n, value in s.items() if not n.startswith("__")}
         _assert_toy_sample(fields, i)
     assert sorted(k for k in samples[0] if not k.startswith("__")) == [
         "caption.txt", "id.cls", "image.pth", "label.cls", "mask.npy", "score.json",
@@ -116,7 +116,9 @@ def test_existing_shards_are_an_error_unless_overwrite(tmp_path):
     (tmp_path / "_notes.txt").write_text("not a shard; skipped by readers: leading _")
     paths = write_shards(ToyDataset(4), tmp_path, "parquet", samples_per_shard=3, overwrite=True)
     assert len(paths) == 2  # the three old shards are gone, not mixed in
-    assert sorted(os.listdir(tmp_path)) == ["_notes.txt", "shard-000000.parquet", "shard-000001.parquet"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "_notes.txt", "shard-000000.parquet", "shard-000001.parquet"
+    ]
     assert len(ParquetDataset(tmp_path)) == 4
 
 
@@ -163,7 +165,9 @@ def test_shards_written_by_ray_workers_stream_exactly_once_in_both_modes(ray_loc
         for rank in range(2):
             batches = {}
             for mode in (False, True):
-                loader = dpex.DataLoader(make(rank), batch_size=4, num_workers=2, distribute_mode=mode)
+                loader = dpex.DataLoader(
+                    make(rank), batch_size=4, num_workers=2, distribute_mode=mode
+                )
                 batches[mode] = list(loader)
                 seen[mode] += [i for batch in batches[mode] for i in ids_of(batch)]
             assert_batches_equal(batches[False], batches[True])
@@ -201,7 +205,8 @@ def test_cli_with_a_dataset_object_in_a_file(tmp_path, capsys):
 
         squares = Squares()
     """))
-    status = dpex_main(["shard", f"{source}:squares", str(tmp_path / "out"), "--samples-per-shard", "3"])
+    out = str(tmp_path / "out")
+    status = dpex_main(["shard", f"{source}:squares", out, "--samples-per-shard", "3"])
     assert status == 0
     paths = capsys.readouterr().out.split()
     assert [s["x.cls"] for s in _tar_samples(paths)] == [i * i for i in range(7)]

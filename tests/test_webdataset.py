@@ -69,7 +69,7 @@ def test_rank_splitter_splits_by_the_rank_it_was_given():
     parts = [list(RankSplitter(r, 3)(iter(shards))) for r in range(3)]
     assert parts == [shards[0::3], shards[1::3], shards[2::3]]
     assert repr(RankSplitter(1, 3)) == "RankSplitter(rank=1, world_size=3)"
-    with pytest.raises(ValueError, match=r"Invalid rank 3, rank should be in the interval \[0, 2\]"):
+    with pytest.raises(ValueError, match=r"Invalid rank 3, rank should be in the interval"):
         RankSplitter(3, 3)
     with pytest.raises(ValueError, match="world_size"):
         RankSplitter(0, 0)
@@ -97,7 +97,9 @@ def test_worker_random_follows_the_process_random_state():
 # ---------------------------------------------------------------------- exactly once
 
 
-@pytest.mark.parametrize("batched_in_pipeline", [False, True], ids=["loader-batches", "wds-batches"])
+@pytest.mark.parametrize(
+    "batched_in_pipeline", [False, True], ids=["loader-batches", "wds-batches"]
+)
 def test_exactly_once_across_2_ranks_x_2_workers_in_both_modes(
     ray_local, shards, batched_in_pipeline
 ):

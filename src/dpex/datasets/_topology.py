@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 
 def detect_topology() -> tuple[int, int]:
-    """``(rank, world_size)`` of this process: torch.distributed, else RANK/WORLD_SIZE, else (0, 1)."""
+    """``(rank, world_size)`` here: torch.distributed, else RANK/WORLD_SIZE, else (0, 1)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

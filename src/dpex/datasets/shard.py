@@ -85,7 +85,8 @@ def write_shards(
     """
     if format not in FORMATS:
         raise ValueError(f"format should be one of {FORMATS}, but got {format!r}")
-    for name, value in (("samples_per_shard", samples_per_shard), ("row_group_size", row_group_size)):
+    sizes = {"samples_per_shard": samples_per_shard, "row_group_size": row_group_size}
+    for name, value in sizes.items():
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} should be a positive integer, but got {value!r}")
     if not re.fullmatch(r"[A-Za-z0-9_-]+", prefix):
@@ -183,7 +184,10 @@ def _write_tar(
         try:
             for index, sample in enumerate(samples):
                 key = f"{index:09d}"
-                record = tar_record(key, sample) if encode is None else {"__key__": key, **encode(sample)}
+                if encode is None:
+                    record = tar_record(key, sample)
+                else:
+                    record = {"__key__": key, **encode(sample)}
                 writer.write(record)
         finally:
             writer.close()
