@@ -77,7 +77,10 @@ class FileSource:
         filesystem: pafs.FileSystem | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> FileSource:
-        """Interpret ``source`` (see the module docstring); nothing is contacted yet.
+        """Interpret ``source`` (see the module docstring).
+
+        Only URIs that ``pyarrow.fs.FileSystem.from_uri`` resolves (``hdfs://`` without
+        options, ``gs://``...) build their filesystem here; the others wait for first use.
 
         Raises:
             TypeError: ``source`` is not a path or URI, or ``filesystem`` does not pickle.
@@ -111,7 +114,14 @@ class FileSource:
                 f"storage_options are supported for s3:// and hdfs:// sources; for {scheme}:// "
                 "pass a configured filesystem= instead"
             )
-        return cls(uri=source, path=parsed.path or "/", scheme=scheme, storage_options=options)
+        if options:  # hdfs with options: the path is the URI's path
+            return cls(uri=source, path=parsed.path or "/", scheme=scheme, storage_options=options)
+        # Any other URI (hdfs://, gs://, abfs://...): pyarrow knows how its paths look.
+        found = cls(uri=source, path="", scheme=scheme)
+        with found.errors("connecting to"):
+            fs, found.path = pafs.FileSystem.from_uri(source)
+        found._fs, found._fs_pid = fs, os.getpid()
+        return found
 
     @classmethod
     def _with_filesystem(
