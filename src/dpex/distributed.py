@@ -20,9 +20,9 @@ The design: rank 0 decides, the others follow
        token when token authentication is on.
     3. Every other rank joins that exact address. The loaders then find Ray initialised and
        use that session (``ensure_ray`` never starts a second one).
-  Rank 0's embedded Ray has only one node, rank 0's machine, and a Ray driver can only
-  join a cluster that has a node on its own machine. So a job spanning machines needs a
-  cluster started beforehand (``ray start --head`` on one machine, ``ray start --address``
+  Rank 0's embedded Ray has one node, rank 0's machine, and listens on loopback only; a Ray
+  driver can only join a cluster through a node on its own machine anyway. So a job
+  spanning machines needs a cluster started beforehand (``ray start --head`` on one machine, ``ray start --address``
   on the others); a rank on another machine than rank 0's embedded Ray fails with an error
   that says so instead of hanging.
 
@@ -62,6 +62,10 @@ import ray
 import torch.distributed as dist
 
 from dpex.cluster import ensure_ray, owns_ray_session
+
+# dpex.cluster's private helpers: joining rank 0's embedded Ray must follow the same rules
+# (loopback, import path) that starting it did.
+from dpex.cluster import _check_reachable, _driver_pythonpath, _loopback_only
 
 __all__ = ["init_ray_for_ranks", "ray_for_ranks", "shutdown_ray_for_ranks"]
 
@@ -201,18 +205,24 @@ def _join(info: _ClusterInfo, rank: int) -> None:
             "start a cluster first (`ray start --head` on one machine, `ray start "
             "--address=HEAD:6379` on the others) and launch torchrun after it."
         )
+    # Ray's own connect retries for minutes when nothing answers: fail fast instead.
+    _check_reachable(info.address)
     if info.auth_token is not None:
         _adopt_token(info.auth_token)
-    kwargs = {}
-    if info.embedded:
-        # Same machine as rank 0: register as a driver of its one node, whatever IP this
-        # process would detect for itself.
-        from dpex.cluster import _driver_pythonpath
-
-        kwargs["_node_ip_address"] = info.node_ip
-        # As for rank 0's embedded Ray: actors import what this driver imports.
-        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": _driver_pythonpath()}}
-    ray.init(address=info.address, logging_level=logging.WARNING, **kwargs)
+    if not info.embedded:
+        ray.init(address=info.address, logging_level=logging.WARNING)
+        return
+    # Rank 0's embedded Ray listens on loopback only. Ray (with its clusters flag on, the
+    # Linux default) would rewrite 127.0.0.1 into this machine's routable IP, where nothing
+    # listens; joining under the same switch the embedded start used keeps the address.
+    with _loopback_only():
+        ray.init(
+            address=info.address,
+            _node_ip_address=info.node_ip,
+            logging_level=logging.WARNING,
+            # As for rank 0's embedded Ray: actors import what this driver imports.
+            runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
+        )
 
 
 def _disconnect() -> None:
