@@ -60,9 +60,8 @@ class ParquetDataset(Dataset):
         ValueError: no Parquet files under ``source``.
 
     Example:
-        >>> ds = ParquetDataset("s3://bucket/train", columns=["image", "label"],
+        >>> ds = ParquetDataset("s3://bucket/train", columns=["image", "label"],  # doctest: +SKIP
         ...                     transform=decode, storage_options={"region": "eu-west-1"})
-        ... # doctest: +SKIP
         >>> loader = dpex.DataLoader(ds, batch_size=64, shuffle=True, num_workers=8,
         ...                          distribute_mode=True)  # doctest: +SKIP
     """

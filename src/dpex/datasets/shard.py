@@ -79,8 +79,7 @@ def write_shards(
         FileExistsError: shards with this prefix exist and ``overwrite`` is False.
 
     Example:
-        >>> paths = write_shards(my_dataset, "/data/shards", "tar", samples_per_shard=1000)
-        ... # doctest: +SKIP
+        >>> paths = write_shards(dataset, "/data/shards", samples_per_shard=1000)  # doctest: +SKIP
         >>> ds = webdataset.WebDataset(paths, shardshuffle=False).decode()  # doctest: +SKIP
     """
     if format not in FORMATS:
