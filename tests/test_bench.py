@@ -76,3 +76,31 @@ def test_table_and_plot_from_records(tmp_path):
     assert table.count("\n| tiny |") == len(LOADERS)
     path = report.plot(rows, tmp_path / "p.png")
     assert path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_profile_script_writes_a_summary(tmp_path, capsys):
+    script = _load_script("profile_trainer")
+    out = tmp_path / "prof"
+    code = script.main(["--workload", "tiny", "--loader", "torch", "--workers", "1",
+                        "--size", "tiny", "--epochs", "1", "--tool", "cprofile",
+                        "--out", str(out)])
+    assert code == 0
+    assert "trainer CPU per batch" in capsys.readouterr().out
+    assert (out / "torch-tiny-N1.pstats").exists()
+
+
+def test_collapsed_stacks_summary():
+    from dpex.bench.profile import summarise_collapsed
+
+    text = ("thread (1);main (a.py:1);get (worker.py:9) 3\n"
+            "thread (1);main (a.py:1);submit (actor.py:5) 1\n")
+    summary = summarise_collapsed(text)
+    assert "100.0%  main (a.py)" in summary
+    assert "75.0%  get (worker.py)" in summary
+
+
+@pytest.mark.ray
+def test_transport_micro_runs(capsys, ray_local):
+    script = _load_script("transport_micro")
+    assert script.main(["--batch", "2", "--repeats", "1"]) == 0
+    assert "faster to get" in capsys.readouterr().out

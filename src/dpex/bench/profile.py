@@ -59,6 +59,8 @@ def profile_loader(loader: str, workload: Workload, workers: int, epochs: int, t
         spy = start_py_spy(path, native=native, rate=rate)
         batches, wall, cpu = _consume(epoch_iter, epochs)
         stop_py_spy(spy)
+        if not path.exists():
+            raise RuntimeError(f"py-spy wrote no profile: {spy.stderr.read().decode()[-2000:]}")
         body = summarise_collapsed(path.read_text())
     else:
         raise ValueError(f"unknown tool {tool!r}: cprofile or py-spy")
@@ -76,9 +78,9 @@ def start_py_spy(path: Path, native: bool = False, rate: int = 250) -> subproces
     if exe is None:
         raise RuntimeError("py-spy is not installed: pip install py-spy")
     cmd = [exe, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", str(rate),
-           "--output", str(path), "--threads", "--nonblocking"]
-    if native:
-        cmd.append("--native")
+           "--output", str(path), "--threads"]
+    # --native needs to pause the process while it unwinds; without it, never pause.
+    cmd.append("--native" if native else "--nonblocking")
     spy = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE)
     time.sleep(1.0)  # let it attach
@@ -112,7 +114,10 @@ def summarise_collapsed(text: str, top: int = 25) -> str:
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        frames = [_frame_name(f) for f in stack.split(";")]
+        # --threads puts a "thread (id)" frame first; drop it so threads aggregate.
+        frames = [_frame_name(f) for f in stack.split(";") if not f.startswith("thread (")]
+        if not frames:
+            continue
         total += n
         for name in set(frames):
             inclusive[name] += n
