@@ -24,10 +24,23 @@ from dpex.datasets._fs import coerce_option
 from dpex.datasets.shard import FORMATS, write_shards
 
 
+_EPILOG = """\
+DATASET is MODULE:NAME. MODULE is a dotted module name or a path to a .py file;
+NAME is a dataset object in it, or a callable returning one (called with --kwargs).
+With --distribute, Ray workers must be able to import MODULE.
+
+examples:
+  dpex shard mypkg.data:train_set /data/shards --format tar --samples-per-shard 1000
+  dpex shard ./data.py:make_dataset s3://bucket/train --format parquet \\
+      --kwargs '{"split": "train"}' --storage-option region=eu-west-1
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``dpex shard`` arguments to ``parser``."""
-    parser.description = __doc__.split("\n\n")[0]
-    parser.epilog = "DATASET is MODULE:NAME; NAME is a dataset or a callable returning one."
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = "Write a map-style dataset as tar (WebDataset) or Parquet shards."
+    parser.epilog = _EPILOG
     parser.add_argument("dataset", metavar="DATASET", help="import spec MODULE:NAME")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="output directory, path or URI")
     parser.add_argument("--format", choices=FORMATS, default="tar", help="default: tar")
