@@ -27,12 +27,16 @@ def _cpu_model() -> str:
 
 
 def _git_commit() -> str:
+    """The checkout's commit, marked when dpex's sources have uncommitted changes."""
+    here = os.path.dirname(__file__)
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, cwd=os.path.dirname(__file__))
-        return out.stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5, cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ".."],
+                               capture_output=True, text=True, timeout=5, cwd=here).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    return (head + (" + uncommitted changes" if dirty.strip() else "")) if head else "unknown"
 
 
 def describe() -> dict[str, str]:

@@ -18,7 +18,7 @@ from dpex.bench import env, report, runners
 from dpex.bench.workloads import WORKLOADS, make_workload
 
 # size -> (epochs, repeats) by default
-DEFAULTS = {"tiny": (2, 1), "small": (3, 2), "full": (4, 3)}
+DEFAULTS = {"tiny": (2, 1), "small": (3, 2), "full": (3, 3)}
 
 
 @dataclass

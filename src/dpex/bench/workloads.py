@@ -124,10 +124,10 @@ class Workload:
 
 # name -> items per epoch at each size
 _ITEMS = {
-    "cpu": {"tiny": 64, "small": 640, "full": 1920},
-    "tiny": {"tiny": 256, "small": 12800, "full": 64000},
-    "large": {"tiny": 64, "small": 640, "full": 1920},
-    "shards": {"tiny": 128, "small": 1280, "full": 5120},
+    "cpu": {"tiny": 64, "small": 320, "full": 960},
+    "tiny": {"tiny": 256, "small": 6400, "full": 32000},
+    "large": {"tiny": 64, "small": 320, "full": 960},
+    "shards": {"tiny": 128, "small": 1280, "full": 2560},
 }
 WORKLOADS = tuple(_ITEMS)
 _SHARDS = 8  # a multiple of every usual worker count up to 8
