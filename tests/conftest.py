@@ -34,6 +34,7 @@ def ray_local():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never join a cluster another test module recorded
             num_cpus=4,
             object_store_memory=256 * 1024 * 1024,
             include_dashboard=True,  # ray.util.state, for the leak checks, needs it

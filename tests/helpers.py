@@ -184,3 +184,27 @@ def worker_actors(alive_only: bool = True) -> list:
         filters.append(("state", "=", "ALIVE"))
     return list_actors(address=f"http://{get_dashboard_url()}", filters=filters, detail=True,
                        limit=10000, raise_on_missing_output=False)
+
+
+class StatefulIterable(IterableDataset):
+    """Yields noisy samples range(n) split by worker, and can save / restore its position."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n = n
+        self.position = 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        mine = list(range(worker, self.n, workers))
+        while self.position < len(mine):
+            i = mine[self.position]
+            self.position += 1
+            yield torch.tensor([float(i), random.random()])
+        self.position = 0  # the next epoch starts over
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]

@@ -7,14 +7,24 @@ With ``distribute_mode=False`` (the default) every iteration is torch's own code
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch.utils.data
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from dpex.placement import WorkerOptions
+from dpex.resume import (
+    PADDING,
+    EpochRecord,
+    PendingResume,
+    RecordingCollate,
+    Recorded,
+    ResumingWorkerInit,
+    skipping,
+)
 from dpex.stats import LoaderStats, StatsSnapshot
 
 __all__ = ["DataLoader", "DpexDataLoader"]
@@ -84,7 +94,11 @@ class DataLoader(torch.utils.data.DataLoader):
         self.head_address = head_address
         self.worker_options = worker_options or WorkerOptions()
         self._stats = LoaderStats()
+        self._record = EpochRecord()
+        self._pending_resume: PendingResume | None = None
+        self._resume_sampler: _ResumingIndexSampler | None = None
         self._ray_iterator = None
+        self._torch_persistent_started = False
         super().__init__(
             dataset,
             batch_size=batch_size,
@@ -111,7 +125,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         if not self._uses_ray:
-            return _TimedIterator(super().__iter__(), self._stats)
+            return self._torch_iter()
         from dpex.remote_iter import _RayDataLoaderIter
 
         # The same lifecycle as torch's persistent_workers: one iterator, reset per epoch.
@@ -122,6 +136,88 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._ray_iterator._reset(self)
             return self._ray_iterator
         return _RayDataLoaderIter(self)
+
+    def _torch_iter(self) -> Iterator[Any]:
+        """torch's own iterator, with dpex's position record. See the module doc of resume."""
+        resume = self._take_pending_resume()
+        workers = self.num_workers
+        new_workers = workers > 0 and not (self.persistent_workers and self._torch_persistent_started)
+        drawn = new_workers and (resume is None or resume.base_seed_drawn)
+        self._record.start_epoch(self.generator, workers, base_seed_drawn=drawn,
+                                 carry_workers=resume is not None or not new_workers)
+        swaps: dict[str, Any] = {}
+        pad = 0
+        if new_workers:
+            # torch's workers report their position through the collate_fn they run.
+            swaps["collate_fn"] = RecordingCollate(self.collate_fn)
+        if resume is not None:
+            self._record.workers = list(resume.workers) or self._record.workers
+            self._record.delivered = resume.skip
+            if new_workers and (resume.worker_positions_needed() or not resume.base_seed_drawn):
+                swaps["worker_init_fn"] = ResumingWorkerInit(
+                    self.worker_init_fn, resume.workers, resume.base_seed)
+            if new_workers and not resume.base_seed_drawn:
+                # The original epoch drew no base seed here; its seeds come from the state.
+                swaps["generator"] = torch.Generator()
+            if workers and self._auto_collation and not isinstance(self.dataset, IterableDataset):
+                pad = resume.skip % workers
+            self._resume_sampler = _ResumingIndexSampler(self._base_index_sampler, resume.skip, pad)
+        try:
+            with _swapped(self, swaps):
+                inner = super().__iter__()
+        finally:
+            if self._resume_sampler is not None:
+                self._resume_sampler.disarm()
+            self._resume_sampler = None
+        if self.persistent_workers and workers:
+            self._torch_persistent_started = True
+        return _TimedIterator(inner, self._stats, self._record)
+
+    @property
+    def _index_sampler(self):
+        # torch's iterator reads its sampler from this (private) property of its DataLoader;
+        # overriding it is how a resumed epoch in torch's own iterator skips batches.
+        if self._resume_sampler is not None:
+            return self._resume_sampler
+        return self._base_index_sampler
+
+    @property
+    def _base_index_sampler(self):
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position, to resume mid-epoch in another process.
+
+        Holds the generator state at the epoch's start, the number of batches handed out,
+        and each worker's RNG state (and IterableDataset ``state_dict()``, if it has one)
+        after its last handed-out batch; no sample data. ``torch.save`` can store it.
+        The names are those of torchdata's ``StatefulDataLoader``.
+        """
+        return self._record.to_state_dict(self.generator)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from ``state_dict`` at the next ``iter(loader)``.
+
+        The next epoch yields the batches after the saved ones, bitwise as the uninterrupted
+        run would (for randomness drawn from the loader's ``generator``), then epochs go on
+        as they would have. Sets the loader's generator state; restarts persistent workers.
+
+        Raises:
+            ValueError: the state is not a dpex state, was saved with another num_workers,
+                or is mid-epoch for an IterableDataset without ``state_dict``.
+        """
+        self._pending_resume = PendingResume.from_state_dict(
+            state_dict, self.generator, self.num_workers, self.persistent_workers,
+            isinstance(self.dataset, IterableDataset),
+        )
+        # Workers of a persistent iterator hold positions the state replaces: start anew.
+        self._ray_iterator = None
+        self._iterator = None  # torch's persistent iterator (its own attribute)
+        self._torch_persistent_started = False
+
+    def _take_pending_resume(self) -> PendingResume | None:
+        resume, self._pending_resume = self._pending_resume, None
+        return resume
 
     def check_worker_number_rationality(self) -> None:
         # torch warns when num_workers exceeds this machine's cores; Ray workers use the
@@ -141,11 +237,13 @@ class DataLoader(torch.utils.data.DataLoader):
 
 
 class _TimedIterator:
-    """Wraps torch's own iterator (unchanged) to measure how long the training loop waits."""
+    """Wraps torch's own iterator (unchanged): measures how long the training loop waits,
+    and keeps the position record from what the workers' RecordingCollate attached."""
 
-    def __init__(self, inner: Iterator[Any], stats: LoaderStats) -> None:
+    def __init__(self, inner: Iterator[Any], stats: LoaderStats, record: EpochRecord) -> None:
         self._inner = inner
         self._stats = stats
+        self._record = record
         stats.start_epoch()
 
     def __iter__(self) -> _TimedIterator:
@@ -153,12 +251,58 @@ class _TimedIterator:
 
     def __next__(self) -> Any:
         started = time.perf_counter()
-        data = next(self._inner)
-        self._stats.record_batch(time.perf_counter() - started)
+        try:
+            data = next(self._inner)
+            while isinstance(data, str) and data == PADDING:
+                data = next(self._inner)
+        except StopIteration:
+            self._record.complete = True
+            raise
+        worker_id = None
+        if isinstance(data, Recorded):
+            worker_id = data.worker_id
+            self._record.deliver(worker_id, data.rng, data.dataset_state)
+            data = data.batch
+        else:
+            self._record.deliver(None, None, None)
+        self._stats.record_batch(time.perf_counter() - started, worker_id)
         return data
 
     def __len__(self) -> int:
         return len(self._inner)
+
+
+class _ResumingIndexSampler:
+    """The loader's index sampler for one resumed epoch: pads, then skips handed-out batches.
+
+    Disarmed once torch's iterator is built: a persistent torch iterator keeps this object and
+    re-iterates it next epoch, when it must behave as the plain sampler again.
+    """
+
+    def __init__(self, base, skip: int, pad: int) -> None:
+        self.base, self.skip, self.pad = base, skip, pad
+
+    def disarm(self) -> None:
+        self.skip = self.pad = 0
+
+    def __iter__(self):
+        return skipping(self.base, self.skip, self.pad, [])
+
+    def __len__(self) -> int:
+        return len(self.base) - self.skip + self.pad
+
+
+@contextlib.contextmanager
+def _swapped(loader: DataLoader, attributes: dict[str, Any]):
+    """Set loader attributes while torch's iterator is built (it reads them then)."""
+    saved = {name: getattr(loader, name) for name in attributes}
+    for name, value in attributes.items():
+        object.__setattr__(loader, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            object.__setattr__(loader, name, value)
 
 
 DpexDataLoader = DataLoader

@@ -22,8 +22,10 @@ What is in flight where
     2. ``self._results`` (received, not yet handed out: only when results come back out of
        order);
     3. the training loop (handed out). Nothing is kept after that.
-  Every result carries the worker's RNG state right after it; ``slot.rng_state`` is the state
-  after the last *received* result of that worker.
+  Every result carries the worker's RNG state right after it (and an IterableDataset's
+  ``state_dict()``, if it has one); ``slot.position`` is that state after the last *received*
+  result of that worker, ``loader._record`` the same after the last *handed-out* one (what
+  ``state_dict()`` saves).
 
 What happens on each kind of failure
   * The dataset or collate_fn raises: the worker catches it and returns a ``RemoteError``
@@ -32,8 +34,8 @@ What happens on each kind of failure
   * A worker actor dies (``ray.kill``, SIGKILL, OOM, its node removed): any ``ray.get`` on its
     calls raises ``RayActorError``. The slot is recovered: a new actor for the same worker id
     starts on a node that is alive now, seeded as the original was and then restored to
-    ``slot.rng_state`` (an IterableDataset replica is instead replayed from its start up to the
-    last received batch, since it cannot seek). The slot's lost tasks are resubmitted in their
+    ``slot.position`` (an IterableDataset replica without ``state_dict`` cannot seek: it is
+    rewound to the epoch start and replays the batches already received). The slot's lost tasks are resubmitted in their
     original order. The training loop sees nothing: no error, gap, duplicate or reordering,
     and the same bits, because every random draw happens from the same state.
   * The same task takes its worker down more than ``max_task_retries`` times (a poison
@@ -65,7 +67,8 @@ from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorErr
 from dpex import transport
 from dpex.cluster import ensure_ray
 from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
-from dpex.seeding import RngState, draw_base_seed
+from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
+from dpex.seeding import draw_base_seed
 from dpex.worker import DATA, END, ERROR, TaskResult, Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -97,8 +100,8 @@ class _WorkerSlot:
         self.active = True  # False once its IterableDataset replica is exhausted this epoch
         self.num_tasks = 0  # tasks dispatched and not yet handed out (torch's bookkeeping)
         self.in_flight: dict[int, Any] = {}  # task id -> index, in submission order
-        self.rng_state: RngState | None = None  # after the last received result
-        self.epoch_start_rng: RngState | None = None  # rng_state when this epoch began
+        self.position = WorkerPosition()  # after the last received result
+        self.epoch_start = WorkerPosition()  # position when this epoch began
         self.replay_log: list[Any] = []  # IterableDataset: indices received this epoch
         self.deaths_per_task: dict[int, int] = {}
         self.restarts = 0
@@ -121,9 +124,19 @@ class _RayDataLoaderIter:
         self._stats = loader._stats
         self._pin_memory = transport.pin_memory_enabled(loader.pin_memory, loader.pin_memory_device)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)
-        # Same order of generator draws as torch's iterator: sampler iterator, then base seed.
-        self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = draw_base_seed(loader.generator)
+        self._generator = loader.generator
+        self._record: EpochRecord = loader._record
+        resume: PendingResume | None = loader._take_pending_resume()
+        self._record.start_epoch(
+            self._generator, self._num_workers,
+            base_seed_drawn=resume is None or resume.base_seed_drawn,
+            carry_workers=resume is not None,
+        )
+        # Same order of generator draws as torch's iterator: base seed, then the sampler.
+        if resume is not None and not resume.base_seed_drawn:
+            self._base_seed = resume.base_seed
+        else:
+            self._base_seed = draw_base_seed(self._generator)
         self._shutdown = False
 
         ensure_ray(loader.head_address)
@@ -140,35 +153,48 @@ class _RayDataLoaderIter:
         self._picker = NodePicker(self._options)
         self._id = uuid.uuid4().hex[:8]
         self._slots = [_WorkerSlot(i) for i in range(self._num_workers)]
+        if resume is not None and resume.workers:
+            self._record.workers = list(resume.workers)
+            for slot, position in zip(self._slots, resume.workers):
+                slot.position = position
         for slot in self._slots:
+            slot.epoch_start = slot.position
             self._start_worker(slot)
         _live_iterators.add(self)
-        self._reset(loader, first_iter=True)
+        self._reset(loader, first_iter=True, skip=resume.skip if resume is not None else 0)
 
     # ----------------------------------------------------------------- epoch control
 
-    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        """Start an epoch; with persistent workers, called again for each later epoch."""
+    def _reset(self, loader: DataLoader, first_iter: bool = False, skip: int = 0) -> None:
+        """Start an epoch; with persistent workers, called again for each later epoch.
+
+        ``skip``: a resumed epoch continues after ``skip`` handed-out batches.
+        """
         if not first_iter:
             self._drain()
-        self._sampler_iter = iter(self._index_sampler)
+            self._record.start_epoch(self._generator, self._num_workers,
+                                     base_seed_drawn=False, carry_workers=True)
+        self._sampler_iter = skipping(self._index_sampler, skip, 0, None)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)
         self._num_yielded = 0
-        self._send_idx = 0  # next task id to dispatch
-        self._rcvd_idx = 0  # next task id to hand out (in order)
+        self._send_idx = skip  # next task id to dispatch
+        self._rcvd_idx = skip  # next task id to hand out (in order)
         self._task_worker: dict[int, int] = {}  # task id -> worker id, until handed out
         self._results: dict[int, TaskResult] = {}
         self._arrivals: deque[int] = deque()  # received task ids, in arrival order
         self._calls: dict[Any, tuple[_WorkerSlot, list[int]]] = {}  # ref -> slot, task ids
         self._task_ref: dict[int, Any] = {}
         self._tasks_outstanding = 0
-        self._worker_cycle = itertools.cycle(range(self._num_workers))
+        # Task t goes to worker t mod N, also when a resumed epoch starts at t = skip.
+        self._worker_cycle = itertools.islice(
+            itertools.cycle(range(self._num_workers)), skip % self._num_workers, None)
+        self._record.delivered = skip
         self._stats.start_epoch()
         for slot in self._slots:
             slot.active = True
             slot.num_tasks = 0
             slot.replay_log = []
-            slot.epoch_start_rng = slot.rng_state
+            slot.epoch_start = slot.position
             if not first_iter:
                 # torch's _ResumeIteration: each replica restarts its iterator. The actor runs
                 # this before the tasks submitted below (actor calls run in order).
@@ -196,6 +222,7 @@ class _RayDataLoaderIter:
         waited = time.perf_counter() - started
         slot = self._slots[worker_id]
         self._stats.record_batch(waited, slot.worker_id, slot.node_id)
+        self._record.deliver(worker_id, result.rng_state, result.dataset_state)
         self._num_yielded += 1
         self._warn_if_past_reported_length()
         slot.num_tasks -= 1
@@ -223,6 +250,7 @@ class _RayDataLoaderIter:
                 self._task_worker.pop(self._rcvd_idx, None)
                 self._rcvd_idx += 1
             else:
+                self._record.complete = True
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
@@ -279,7 +307,7 @@ class _RayDataLoaderIter:
             index = slot.in_flight.pop(result.task_id)
             self._task_ref.pop(result.task_id, None)
             self._tasks_outstanding -= 1
-            slot.rng_state = result.rng_state
+            slot.position = WorkerPosition(result.rng_state, result.dataset_state)
             if self._is_iterable:
                 slot.replay_log.append(index)
             if result.kind == END:
@@ -328,11 +356,11 @@ class _RayDataLoaderIter:
     def _start_worker(self, slot: _WorkerSlot, avoid_nodes: set[str] = frozenset()) -> None:
         """Start the actor for ``slot``; it resumes from ``slot``'s RNG state if it has one."""
         node_id = self._picker.node_for(slot.worker_id, avoid_nodes)
-        if self._is_iterable:
-            # A replica cannot seek: rewind to the epoch start, replay what was received.
-            resume = (slot.epoch_start_rng, list(slot.replay_log))
+        if self._is_iterable and slot.position.dataset_state is None:
+            # A replica that cannot seek: rewind to the epoch start, replay what was received.
+            resume = (slot.epoch_start, list(slot.replay_log))
         else:
-            resume = (slot.rng_state, [])
+            resume = (slot.position, [])
         # Named, so `ray list actors` shows whose worker it is.
         name = f"dpex-{self._id}-worker{slot.worker_id}-{slot.restarts}"
         actor_cls = _remote_worker_class().options(

@@ -74,17 +74,22 @@ def draw_base_seed(generator: torch.Generator | None) -> int:
 
 @dataclass(frozen=True)
 class RngState:
-    """The global RNG states of one worker process, small enough to ship with each batch."""
+    """The global RNG states of one worker process, small enough to ship with each batch.
+
+    torch's state is kept as bytes: a tensor would travel through torch's worker queues as
+    a shared-memory file descriptor, which costs far more than 5 KB of inline bytes.
+    """
 
     python: Any
     numpy: Any
-    torch: torch.Tensor
+    torch: bytes
 
     @classmethod
     def capture(cls) -> RngState:
-        return cls(random.getstate(), np.random.get_state(), torch.get_rng_state())
+        torch_state = torch.get_rng_state().numpy().tobytes()
+        return cls(random.getstate(), np.random.get_state(), torch_state)
 
     def restore(self) -> None:
         random.setstate(self.python)
         np.random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
+        torch.set_rng_state(torch.frombuffer(bytearray(self.torch), dtype=torch.uint8))

@@ -20,6 +20,7 @@ import torch
 from dpex import transport
 from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
+from dpex.resume import WorkerPosition, dataset_state, restore_position
 from dpex.seeding import RngState, seed_worker
 from dpex.worker_info import set_worker_info
 
@@ -48,6 +49,7 @@ class TaskResult:
     kind: str
     payload: Any
     rng_state: RngState | None
+    dataset_state: Any = None  # IterableDataset.state_dict() after this task, if it has one
 
 
 class Worker:
@@ -58,14 +60,15 @@ class Worker:
         dataset: Any,
         config: WorkerConfig,
         worker_id: int,
-        resume_rng: RngState | None = None,
+        resume: WorkerPosition | None = None,
         replay: list[Any] | None = None,
     ) -> None:
         """Args:
         dataset: this worker's replica. config: the loader's settings. worker_id: 0..N-1.
-        resume_rng: for a replacement, the RNG state to continue from.
-        replay: for a replacement of an IterableDataset worker, the index batches its
-            predecessor delivered this epoch (re-read and dropped to reach the same place).
+        resume: where to continue from (a replacement, or a resumed epoch): RNG state and,
+            for an IterableDataset with ``state_dict``, the dataset's state.
+        replay: index batches to re-read and drop after ``resume`` (an IterableDataset
+            replica without ``state_dict`` cannot seek, so a replacement re-reads them).
         """
         # torch's workers run single-threaded so N workers do not oversubscribe the cores.
         torch.set_num_threads(1)
@@ -76,19 +79,17 @@ class Worker:
         set_worker_info(worker_id, config.num_workers, self.seed, dataset)
         self.init_error: RemoteError | None = None
         self.fetcher = None
+        self.stateful = config.is_iterable and callable(getattr(dataset, "state_dict", None))
         try:
             if config.worker_init_fn is not None:
                 config.worker_init_fn(worker_id)
-            self._new_fetcher()
+            restore_position(dataset, resume)
+            self._new_fetcher()  # after the restore: an iterable replica starts from there
         except Exception:
             self.init_error = RemoteError.capture(worker_id, indices=None)
-        if resume_rng is not None:
-            resume_rng.restore()
-            if self.init_error is None:
-                self._new_fetcher()  # an iterable replica starts from the restored state
         for index in replay or ():
-            # An IterableDataset replica cannot seek: a replacement rewinds to the epoch start
-            # (resume_rng) and re-reads what its predecessor delivered, dropping it.
+            # A replica without state_dict cannot seek: a replacement rewinds to the epoch
+            # start (resume) and re-reads what its predecessor delivered, dropping it.
             self._fetch_one(-1, index)
 
     def _new_fetcher(self) -> None:
@@ -103,11 +104,10 @@ class Worker:
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
-    def reset_epoch(self) -> RngState:
+    def reset_epoch(self) -> None:
         """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept."""
         if self.init_error is None:
             self._new_fetcher()
-        return RngState.capture()
 
     def fetch(self, tasks: list[tuple[int, Any]]) -> list[TaskResult]:
         """Load the given ``(task_id, index)`` tasks in order."""
@@ -127,4 +127,5 @@ class Worker:
                 payload, kind = None, END
         except Exception:
             payload, kind = RemoteError.capture(self.worker_id, index), ERROR
-        return TaskResult(task_id, kind, payload, RngState.capture())
+        state = dataset_state(self.dataset) if self.stateful and kind == DATA else None
+        return TaskResult(task_id, kind, payload, RngState.capture(), state)

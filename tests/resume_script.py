@@ -1,0 +1,26 @@
+"""Run in a fresh interpreter by test_resume.py: load a saved loader state and finish.
+
+argv: state path, output path, distribute_mode (0/1), persistent (0/1), epochs to finish.
+"""
+
+import sys
+
+import torch
+
+import dpex
+from helpers import AugmentedDataset
+
+
+def make_loader(distribute_mode: bool, persistent: bool) -> dpex.DataLoader:
+    return dpex.DataLoader(
+        AugmentedDataset(30), batch_size=4, shuffle=True, num_workers=2,
+        persistent_workers=persistent, generator=torch.Generator().manual_seed(21),
+        distribute_mode=distribute_mode)
+
+
+if __name__ == "__main__":
+    state_path, out_path, mode, persistent, epochs = sys.argv[1:6]
+    loader = make_loader(mode == "1", persistent == "1")
+    loader.load_state_dict(torch.load(state_path, weights_only=True))
+    batches = [batch for _ in range(int(epochs)) for batch in loader]
+    torch.save(batches, out_path)

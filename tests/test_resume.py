@@ -1,0 +1,116 @@
+"""Mid-epoch checkpoint and resume: save after k batches, continue in a fresh process, and
+get bitwise the batches of the uninterrupted run, in both modes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+import dpex
+from conftest import SRC_DIR, TESTS_DIR
+from helpers import AugmentedDataset, ShardedIterable, StatefulIterable, assert_batches_equal
+from resume_script import make_loader
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+K = 3  # batches handed out in epoch 1 before the checkpoint (8 batches an epoch)
+
+
+def uninterrupted(persistent: bool) -> list:
+    loader = make_loader(False, persistent)
+    return [batch for _ in range(3) for batch in loader]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])
+@pytest.mark.parametrize("save_mode,resume_mode", [(False, False), (True, True), (True, False)],
+                         ids=["torch", "distributed", "distributed-then-torch"])
+def test_resume_in_a_fresh_process_matches_the_uninterrupted_run(
+        tmp_path, persistent, save_mode, resume_mode):
+    expected = uninterrupted(persistent)
+    loader = make_loader(save_mode, persistent)
+    seen = list(loader)  # epoch 0
+    it = iter(loader)
+    seen += [next(it) for _ in range(K)]  # epoch 1, interrupted
+    torch.save(loader.state_dict(), tmp_path / "state.pt")
+    del it, loader
+
+    out = tmp_path / "rest.pt"
+    proc = subprocess.run(
+        [sys.executable, f"{TESTS_DIR}/resume_script.py", str(tmp_path / "state.pt"), str(out),
+         str(int(resume_mode)), str(int(persistent)), "2"],
+        capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_batches_equal(expected, seen + torch.load(out, weights_only=True))
+
+
+def test_state_holds_no_sample_data_and_loads_with_weights_only(tmp_path):
+    loader = make_loader(False, False)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["batches_delivered"] == 1 and len(state["workers"]) == 2
+    torch.save(state, tmp_path / "s.pt")
+    assert torch.load(tmp_path / "s.pt", weights_only=True)["batches_delivered"] == 1
+    flat = repr(state)
+    assert "AugmentedDataset" not in flat and "'x'" not in flat
+
+
+@pytest.mark.parametrize("mode", [False, True])
+def test_resume_with_distributed_sampler_and_set_epoch(mode):
+    def make():
+        sampler = DistributedSampler(AugmentedDataset(40), num_replicas=2, rank=1, seed=3)
+        loader = dpex.DataLoader(AugmentedDataset(40), batch_size=3, sampler=sampler,
+                                 num_workers=2, distribute_mode=mode)
+        return loader, sampler
+
+    loader, sampler = make()
+    expected = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        expected += list(loader)
+
+    loader, sampler = make()
+    sampler.set_epoch(0)
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    state = loader.state_dict()
+    del it
+    loader, sampler = make()
+    loader.load_state_dict(state)
+    sampler.set_epoch(0)
+    rest = list(loader)
+    sampler.set_epoch(1)
+    rest += list(loader)
+    assert_batches_equal(expected, head + rest)
+
+
+@pytest.mark.parametrize("mode", [False, True])
+def test_iterable_dataset_resumes_through_its_own_state(mode):
+    def make():
+        return dpex.DataLoader(StatefulIterable(40), batch_size=3, num_workers=2,
+                               generator=torch.Generator().manual_seed(4), distribute_mode=mode)
+
+    expected = list(make())
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(4)]  # a multiple of num_workers: exact in torch's mode too
+    state = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_batches_equal(expected, head + list(resumed))
+
+
+def test_iterable_dataset_without_state_says_it_cannot_resume_mid_epoch():
+    loader = dpex.DataLoader(ShardedIterable(20), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="no state_dict"):
+        dpex.DataLoader(ShardedIterable(20), batch_size=2, num_workers=2).load_state_dict(state)
