@@ -208,3 +208,12 @@ class StatefulIterable(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.position = state["position"]
+
+
+class EnvDataset(RangeDataset):
+    """Sample i is (i, RANK, WORLD_SIZE) as the worker process sees them (-1 when unset)."""
+
+    def __getitem__(self, i):
+        import os
+
+        return torch.tensor([i, int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1))])

@@ -12,6 +12,7 @@ import dpex
 from helpers import (
     FailingDataset,
     RangeDataset,
+    EnvDataset,
     SlowDataset,
     TwoArgError,
     TwoArgFailingDataset,
@@ -144,3 +145,10 @@ def test_no_actor_leaks_after_epoch_break_or_delete():
     del persistent
     gc.collect()
     assert wait_until(lambda: alive_actor_count() == 0)
+
+
+def test_workers_see_the_trainers_torchrun_topology(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rows = torch.cat(list(loader(EnvDataset(4), batch_size=2)))
+    assert rows[:, 1:].tolist() == [[1, 2]] * 4  # as torch's forked workers would see them

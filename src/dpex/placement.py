@@ -9,6 +9,7 @@ replacement for a dead worker goes to a node that is alive right now.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,11 @@ class WorkerOptions:
     def actor_options(self, node_id: str | None) -> dict[str, Any]:
         """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""
         options: dict[str, Any] = dict(self.ray_options)
+        inherited = trainer_environment()
+        if inherited:
+            runtime_env = dict(options.get("runtime_env") or {})
+            runtime_env["env_vars"] = {**inherited, **runtime_env.get("env_vars", {})}
+            options["runtime_env"] = runtime_env
         # Explicit 0, not Ray's default: an actor that names other resources would otherwise
         # hold a CPU for its lifetime, and workers could no longer outnumber cores.
         options["num_cpus"] = self.num_cpus if self.num_cpus is not None else 0
@@ -82,6 +88,16 @@ class WorkerOptions:
         options["max_restarts"] = 0
         options["max_task_retries"] = 0
         return options
+
+
+# torchrun's topology variables. torch's forked workers inherit them, and dataset code reads
+# them (webdataset's split_by_node does): a Ray worker gets the trainer's values too.
+TRAINER_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                    "MASTER_ADDR", "MASTER_PORT")
+
+
+def trainer_environment() -> dict[str, str]:
+    return {name: os.environ[name] for name in TRAINER_ENV_VARS if name in os.environ}
 
 
 def eligible_nodes(options: WorkerOptions, trainer_node_id: str | None) -> list[str]:
