@@ -104,3 +104,16 @@ def test_transport_micro_runs(capsys, ray_local):
     script = _load_script("transport_micro")
     assert script.main(["--batch", "2", "--repeats", "1"]) == 0
     assert "faster to get" in capsys.readouterr().out
+
+
+def test_report_redoes_table_and_plot_from_saved_results(tmp_path, capsys):
+    from dpex.bench.suite import SuiteConfig, write_results
+    from dpex.cli import main
+
+    config = SuiteConfig(workloads=["tiny"], size="tiny", out=tmp_path / "run")
+    write_results(config, [_record(name, 0, 1.0) for name in LOADERS], [])
+    code = main(["bench", "--report", str(tmp_path / "run" / "results.json"),
+                 "--out", str(tmp_path / "again"), "--plot", str(tmp_path / "p.png")])
+    assert code == 0
+    assert capsys.readouterr().out.count("\n| tiny |") == len(LOADERS)
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE

@@ -3,15 +3,17 @@
 Example:
     dpex bench --size small --workers 2 --out bench-results
     dpex bench --workloads tiny,large --loaders torch,dpex-ray --address 10.0.0.1:6379
+    dpex bench --report bench-results/results.json --plot docs/bench.png
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from dpex.bench.runners import LOADERS
-from dpex.bench.suite import DEFAULTS, SuiteConfig, run_suite
+from dpex.bench.suite import DEFAULTS, SuiteConfig, load_results, run_suite, write_results
 from dpex.bench.workloads import SIZES, WORKLOADS
 
 
@@ -57,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: an embedded local Ray")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="where results.json, results.md and bench.png go")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="where the PNG goes (default: OUT/bench.png)")
+    parser.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="run nothing: redo the table and plot of an earlier results.json")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where generated data is cached (default: a temp dir)")
 
@@ -65,9 +71,16 @@ def run(args: argparse.Namespace) -> int:
     config = SuiteConfig(
         workloads=args.workloads, loaders=args.loaders, workers=args.workers, size=args.size,
         epochs=args.epochs, repeats=args.repeats, address=args.address, out=args.out,
-        data_dir=args.data_dir,
+        data_dir=args.data_dir, plot=args.plot,
     )
-    result = run_suite(config)
+    if args.report is not None:
+        saved, records = load_results(args.report)
+        config.size = saved.get("size", config.size)
+        config.epochs, config.repeats = saved.get("epochs"), saved.get("repeats")
+        info = json.loads(args.report.read_text()).get("env")
+        result = write_results(config, records, [], info=info)
+    else:
+        result = run_suite(config)
     print()
     print(result.table)
     print()

@@ -68,6 +68,12 @@ class RunRecord:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        fields = dict(data)
+        fields["epochs"] = [EpochRecord(**e) for e in data.get("epochs", [])]
+        return cls(**fields)
+
 
 def measure_epochs(epoch_iter: Callable[[], Iterable[Any]], epochs: int) -> list[EpochRecord]:
     """Iterate ``epochs`` epochs; ``epoch_iter()`` returns one epoch's iterable."""

@@ -34,6 +34,7 @@ class SuiteConfig:
     address: str | None = None
     out: Path = Path("bench-results")
     data_dir: Path | None = None
+    plot: Path | None = None  # default: out/bench.png
 
     def resolved(self) -> tuple[int, int]:
         epochs, repeats = DEFAULTS[self.size]
@@ -89,14 +90,21 @@ def _progress(rec: runners.RunRecord) -> str:
             f"{rate:,.0f} items/s steady, first epoch {rec.epochs[0].seconds:.2f}s")
 
 
+def load_results(path: Path) -> tuple[dict, list[runners.RunRecord]]:
+    """The config and records of an earlier run's ``results.json``."""
+    data = json.loads(Path(path).read_text())
+    return data.get("config", {}), [runners.RunRecord.from_json(r) for r in data["records"]]
+
+
 def write_results(config: SuiteConfig, records: list[runners.RunRecord],
-                  skipped: list[str]) -> SuiteResult:
+                  skipped: list[str], info: dict[str, str] | None = None) -> SuiteResult:
+    """Summarise ``records``; write results.json, results.md and the plot."""
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = report.summarise(records)
     checks = report.targets(rows)
     table = report.markdown_table(rows)
-    info = env.describe()
+    info = info or env.describe()
     epochs, repeats = config.resolved()
     json_path = out / "results.json"
     json_path.write_text(json.dumps({
@@ -105,7 +113,8 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
                    "workers": config.workers, "address": config.address},
         "records": [r.to_json() for r in records],
     }, indent=1))
-    body = [f"Machine: {info['machine']}", f"Versions: {env.describe_line().split('; ', 1)[1]}",
+    versions = ", ".join(f"{k} {v}" for k, v in info.items() if k != "machine")
+    body = [f"Machine: {info['machine']}", f"Versions: {versions}",
             f"Size {config.size}: {epochs} epochs per run (1 warm-up), {repeats} repeats, medians.",
             "", table, "", "Targets:", *(t.line() for t in checks)]
     if skipped:
@@ -113,7 +122,7 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
     (out / "results.md").write_text("\n".join(body) + "\n")
     plot_path = None
     try:
-        plot_path = report.plot(rows, out / "bench.png",
+        plot_path = report.plot(rows, Path(config.plot or out / "bench.png"),
                                 title=f"dpex bench --size {config.size} ({info['machine']})")
     except ImportError as exc:
         skipped.append(f"plot ({exc})")
