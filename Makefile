@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/dpex demo
+	$(PY) examples/accuracy_table.py --setups single --epochs 2 --head-address embedded
 
 test: install
 	$(PY) -m pytest -q -ra
