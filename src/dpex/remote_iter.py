@@ -62,7 +62,12 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
-from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError
+from ray.exceptions import (
+    ActorUnschedulableError,
+    GetTimeoutError,
+    ObjectLostError,
+    RayActorError,
+)
 
 from dpex import transport
 from dpex.cluster import ensure_ray
@@ -208,7 +213,7 @@ class _RayDataLoaderIter:
         The workers run them anyway; collecting them keeps each slot's RNG state exact.
         """
         while self._calls:
-            self._collect(next(iter(self._calls)))
+            self._collect(next(iter(self._calls)), timeout=None)
 
     def __iter__(self) -> _RayDataLoaderIter:
         return self
@@ -268,41 +273,52 @@ class _RayDataLoaderIter:
         return self._results.pop(task_id), self._task_worker.pop(task_id)
 
     def _receive(self, target: Any | None) -> None:
-        """Block until the call holding ``target`` (or, if None, any call) is done; file it."""
-        refs = [target] if target is not None else list(self._calls)
-        for ref in self._wait(refs):
-            self._collect(ref)
+        """Block until the call holding ``target`` (or, if None, any call) is filed.
 
-    def _wait(self, refs: list[Any]) -> list[Any]:
-        """``ray.wait`` for the first of ``refs``, sliced so starting workers are watched."""
-        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        The wait is sliced so that starting workers are watched; ``timeout`` counts from the
+        moment no worker is starting (a Ray actor takes seconds to start; a torch worker
+        process does not, and torch's timeout is meant for a slow batch).
+        """
+        deadline = None
         while True:
             starting = {s.ready_ref: s for s in self._slots if s.ready_ref is not None}
+            if self._timeout > 0 and (deadline is None or starting):
+                deadline = time.monotonic() + self._timeout
             slice_s = _WAIT_SLICE_S
             if deadline is not None:
                 slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
-            ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=slice_s)
-            for ref in ready:
-                if ref in starting:
-                    self._on_started(starting[ref])
-            done = [ref for ref in ready if ref not in starting]
-            if done:
-                return done
+            if target is not None and not starting:
+                # The common case: one Ray call per result.
+                if self._collect(target, timeout=slice_s):
+                    return
+            else:
+                refs = [target] if target is not None else list(self._calls)
+                ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=slice_s)
+                for ref in ready:
+                    if ref in starting:
+                        self._on_started(starting[ref])
+                    elif ref in self._calls:  # not dropped by a recovery just now
+                        self._collect(ref, timeout=None)
+                if any(ref not in starting for ref in ready):
+                    return
             self._check_start_deadlines()
             if deadline is not None and time.monotonic() >= deadline:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
 
-    def _collect(self, ref: Any) -> None:
-        slot, _task_ids = self._calls.pop(ref)
+    def _collect(self, ref: Any, timeout: float | None) -> bool:
+        """File the results of the call ``ref``; False if it is not done within ``timeout``."""
         try:
-            results: list[TaskResult] = ray.get(ref)
+            results: list[TaskResult] = ray.get(ref, timeout=timeout)
+        except GetTimeoutError:
+            return False
         except (RayActorError, ObjectLostError) as exc:
             # The worker died, or its node did and took the result with it.
-            self._recover(slot, exc)
-            return
+            self._recover(self._calls[ref][0], exc)
+            return True
         except ActorUnschedulableError as exc:
-            self._on_unschedulable(slot, exc)
-            return
+            self._on_unschedulable(self._calls[ref][0], exc)
+            return True
+        slot, _task_ids = self._calls.pop(ref)
         for result in results:
             index = slot.in_flight.pop(result.task_id)
             self._task_ref.pop(result.task_id, None)
@@ -318,6 +334,7 @@ class _RayDataLoaderIter:
             else:
                 self._results[result.task_id] = result
                 self._arrivals.append(result.task_id)
+        return True
 
     # ----------------------------------------------------------------- dispatch
 

@@ -1,23 +1,87 @@
 """Getting batches out of the workers and onto the trainer: the wire format and pinning.
 
 ``to_wire`` runs in the worker on each batch, ``from_wire`` in the trainer.
+
+Zero copy for large tensors: Ray stores numpy arrays in its object store as out-of-band
+buffers, and ``ray.get`` on the same node returns arrays that *are* the shared memory. A
+torch tensor, by contrast, is pickled into bytes and rebuilt: two copies of every batch (a
+20 MB batch cost the trainer 20 ms of CPU against 1.6 ms as an array; see benchmarks/). So a
+large tensor travels as a flat byte view (any dtype, bfloat16 included) plus its dtype and
+shape, and the trainer rebuilds a tensor on the same memory. The memory is mapped writable
+and owned by this batch alone, so in-place ops on the batch are fine.
 """
 
 from __future__ import annotations
 
 import collections.abc
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+# Smaller tensors ride inline in Ray's task reply; converting them would only cost time.
+ZERO_COPY_MIN_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class _WireTensor:
+    data: np.ndarray  # the tensor's bytes, uint8, in Ray's object store
+    dtype: torch.dtype
+    shape: tuple[int, ...]
 
 
 def to_wire(batch: Any) -> Any:
-    return batch
+    return map_structure(_tensor_to_wire, batch)
 
 
 def from_wire(obj: Any) -> Any:
-    return obj
+    return map_structure(_tensor_from_wire, obj)
+
+
+def _tensor_to_wire(value: Any) -> Any:
+    if (
+        isinstance(value, torch.Tensor)
+        and value.layout is torch.strided
+        and value.device.type == "cpu"
+        and not value.is_quantized
+        and not value.requires_grad
+        and value.numel() * value.element_size() >= ZERO_COPY_MIN_BYTES
+    ):
+        flat = value.contiguous().view(-1).view(torch.uint8)
+        return _WireTensor(flat.numpy(), value.dtype, tuple(value.shape))
+    return value
+
+
+def _tensor_from_wire(value: Any) -> Any:
+    if isinstance(value, _WireTensor):
+        with warnings.catch_warnings():
+            # The array is read-only only as far as numpy knows; see the module doc.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            flat = torch.from_numpy(value.data)
+        return flat.view(value.dtype).view(value.shape)
+    return value
+
+
+def map_structure(fn: Callable[[Any], Any], data: Any) -> Any:
+    """Apply ``fn`` to every leaf of nested mappings, namedtuples, tuples and lists."""
+    if isinstance(data, (str, bytes)):
+        return fn(data)
+    if isinstance(data, collections.abc.Mapping):
+        mapped = {k: map_structure(fn, v) for k, v in data.items()}
+        try:
+            return type(data)(mapped)
+        except TypeError:
+            return mapped
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(map_structure(fn, v) for v in data))
+    if isinstance(data, tuple):
+        return tuple(map_structure(fn, v) for v in data)
+    if isinstance(data, list):
+        return [map_structure(fn, v) for v in data]
+    return fn(data)
 
 
 def pin_memory_enabled(pin_memory: bool, pin_memory_device: str) -> bool:
@@ -38,27 +102,13 @@ def pin_memory_enabled(pin_memory: bool, pin_memory_device: str) -> bool:
 
 
 def pin_memory(data: Any) -> Any:
-    """Pin every tensor in a batch (tensors, mappings, namedtuples, sequences, ``.pin_memory()``)."""
-    if isinstance(data, torch.Tensor):
-        return data.pin_memory()
-    if isinstance(data, (str, bytes)):
-        return data
-    if isinstance(data, collections.abc.Mapping):
-        pinned = {k: pin_memory(v) for k, v in data.items()}
-        try:
-            return type(data)(pinned)
-        except TypeError:
-            return pinned
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(pin_memory(v) for v in data))
-    if isinstance(data, tuple):
-        return tuple(pin_memory(v) for v in data)
-    if isinstance(data, collections.abc.Sequence):
-        pinned_list = [pin_memory(v) for v in data]
-        try:
-            return type(data)(pinned_list)
-        except TypeError:
-            return pinned_list
-    if hasattr(data, "pin_memory"):
-        return data.pin_memory()
-    return data
+    """Pin every tensor (or object with ``.pin_memory()``) in a batch."""
+    return map_structure(_pin_leaf, data)
+
+
+def _pin_leaf(value: Any) -> Any:
+    if isinstance(value, (str, bytes)):
+        return value
+    if hasattr(value, "pin_memory"):
+        return value.pin_memory()
+    return value

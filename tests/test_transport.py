@@ -1,0 +1,41 @@
+"""Pure tests: the wire format round-trips every dtype and structure, and large tensors
+travel as arrays (what Ray stores zero-copy)."""
+
+from collections import namedtuple
+
+import numpy as np
+import pytest
+import torch
+
+from dpex.transport import ZERO_COPY_MIN_BYTES, _WireTensor, from_wire, map_structure, to_wire
+
+Pair = namedtuple("Pair", "a b")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool,
+                                   torch.uint8, torch.complex64])
+def test_large_tensors_round_trip_as_arrays(dtype):
+    big = (torch.arange(ZERO_COPY_MIN_BYTES) % 7).to(dtype).reshape(-1, 8)
+    wire = to_wire({"x": big, "meta": [1, "s"], "p": Pair(big[:2], 3)})
+    assert isinstance(wire["x"], _WireTensor) and isinstance(wire["x"].data, np.ndarray)
+    back = from_wire(wire)
+    assert back["x"].dtype == dtype and torch.equal(back["x"], big)
+    assert back["meta"] == [1, "s"] and isinstance(back["p"], Pair)
+    assert torch.equal(back["p"].a, big[:2])
+
+
+def test_small_and_special_tensors_stay_tensors():
+    small = torch.ones(3)
+    needs_grad = torch.ones(ZERO_COPY_MIN_BYTES, requires_grad=True)
+    wire = to_wire([small, needs_grad])
+    assert wire[0] is small and wire[1] is needs_grad
+
+
+def test_non_contiguous_tensor_round_trips():
+    t = torch.arange(2 * ZERO_COPY_MIN_BYTES, dtype=torch.float32).reshape(2, -1).t()
+    assert torch.equal(from_wire(to_wire(t)), t)
+
+
+def test_map_structure_keeps_container_types():
+    data = {"a": (1, [2, 3]), "b": Pair(4, 5)}
+    assert map_structure(lambda v: v * 10, data) == {"a": (10, [20, 30]), "b": Pair(40, 50)}
