@@ -107,7 +107,7 @@ class Target:
 
     def line(self) -> str:
         status = {True: "MET", False: "NOT MET", None: "n/a"}[self.met]
-        shown = "n/a" if self.value is None else f"{self.value:.2f}"
+        shown = "n/a" if self.value is None else f"{self.value:.3f}"
         return f"[{status:7}] {self.workload:6} {self.loader:8} {self.text}: {shown} (>= {self.threshold})"
 
 

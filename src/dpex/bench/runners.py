@@ -187,5 +187,17 @@ def run_one(loader: str, workload: Workload, workers: int, epochs: int, repeat: 
         record.baseline_bytes = peaks.get("baseline_bytes", 0)
         del handle
         gc.collect()
-        time.sleep(0.2)  # let torch workers / Ray actors of this run exit before the next
+        wait_for_workers_to_exit()
     return record
+
+
+def wait_for_workers_to_exit(timeout_s: float = 20.0) -> None:
+    """Block until no loader worker of this process is left (killed Ray actors linger a
+    moment), so the next run's memory baseline and CPU are its own."""
+    import os
+
+    from dpex.bench.memwatch import loader_pids
+
+    deadline = time.monotonic() + timeout_s
+    while loader_pids(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.2)
