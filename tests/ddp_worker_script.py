@@ -48,7 +48,8 @@ def main(out_dir: str) -> None:
     with ray_for_ranks(head_address=None) as address:  # None: rank 0's embedded Ray
         context = ray.get_runtime_context()
         cluster = {"address": address, "session_gcs": context.gcs_address,
-                   "job_id": context.get_job_id(), "node_ids": sorted(n["NodeID"] for n in ray.nodes())}
+                   "job_id": context.get_job_id(),
+                   "node_ids": sorted(n["NodeID"] for n in ray.nodes())}
         local = read_epochs(dataset, rank, world_size, distribute_mode=False)
         remote = read_epochs(dataset, rank, world_size, distribute_mode=True)
     still_connected = ray.is_initialized()

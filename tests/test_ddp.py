@@ -87,3 +87,57 @@ def test_ranks_shared_one_cluster_and_left_it(ranks):
     assert clusters[0]["node_ids"] == clusters[1]["node_ids"] and len(clusters[0]["node_ids"]) == 1
     assert clusters[0]["job_id"] != clusters[1]["job_id"]  # two drivers of one cluster
     assert not any(r["connected_after_shutdown"] for r in ranks)
+
+
+# ------------------------------------------------------------ dpex.distributed, one process
+
+
+@pytest.fixture
+def one_rank_group():
+    """A real gloo process group of one rank (no torchrun, no Ray)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_init_needs_a_process_group():
+    from dpex.distributed import init_ray_for_ranks
+
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        init_ray_for_ranks()
+
+
+def test_ray_client_address_is_refused_on_every_rank(one_rank_group, monkeypatch):
+    from dpex.distributed import init_ray_for_ranks
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://127.0.0.1:10001")
+    # Rank 0's error is broadcast, so every rank raises it (here the only one).
+    with pytest.raises(RuntimeError, match="rank 0 could not connect.*Ray Client"):
+        init_ray_for_ranks("auto")
+
+
+def test_token_found_as_ray_documents_it(monkeypatch, tmp_path):
+    from dpex.distributed import _current_token
+
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert _current_token() is None  # auth off: nothing to share
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    (tmp_path / "token").write_text("from-file\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    assert _current_token() == "from-file"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
+    assert _current_token() == "from-env"
+
+
+def test_cluster_info_never_shows_the_token():
+    from dpex.distributed import _ClusterInfo
+
+    assert "s3cret" not in repr(_ClusterInfo(address="127.0.0.1:6379", auth_token="s3cret"))

@@ -5,8 +5,8 @@ NOTE [ One Ray cluster for all ranks ]
 Why
   Each rank of a DDP job builds its own ``dpex.DataLoader``. Left alone, each rank would
   resolve ``head_address="auto"`` by itself: with no cluster running, every rank would start
-  its own embedded Ray, and N Rays on one machine fight over the same cores. With several
-  clusters already running on a machine, Ray's ``"auto"`` even picks one of them arbitrarily.
+  its own embedded Ray (``auto`` never joins another process's embedded Ray), and N Rays on
+  one machine fight over the same cores, each with its own object store.
 
 The design: rank 0 decides, the others follow
   ``init_ray_for_ranks(head_address)`` is a collective: every rank calls it, after
@@ -22,11 +22,12 @@ The design: rank 0 decides, the others follow
        use that session (``ensure_ray`` never starts a second one).
   Rank 0's embedded Ray has one node, rank 0's machine, and listens on loopback only; a Ray
   driver can only join a cluster through a node on its own machine anyway. So a job
-  spanning machines needs a cluster started beforehand (``ray start --head`` on one machine, ``ray start --address``
-  on the others); a rank on another machine than rank 0's embedded Ray fails with an error
-  that says so instead of hanging.
+  spanning machines needs a cluster started beforehand (``ray start --head`` on one
+  machine, ``ray start --address`` on the others); a rank on another machine than rank 0's
+  embedded Ray fails with an error that says so instead of hanging. A Ray Client address
+  (``ray://``) is refused: a client session has no local node the other ranks could join.
 
-Token authentication (Ray >= 2.5x)
+Token authentication (Ray 2.60)
   A cluster started by ``ray.init()`` turns token auth on by default ("Token authentication
   is enabled for this Ray cluster") and keeps the token in ``~/.ray/auth_token``. A process
   joining with an explicit address does *not* turn auth on by itself, and fails with
@@ -171,6 +172,13 @@ def ray_for_ranks(head_address: str | None = "auto") -> Iterator[str]:
 def _connect_as_source(head_address: str | None) -> _ClusterInfo:
     """Rank 0: connect by the loader's rules; describe the result (or the error) to share."""
     try:
+        requested = os.environ.get("RAY_ADDRESS") if head_address == "auto" else head_address
+        if requested and requested.startswith("ray://"):
+            # A Ray Client session has no node on this machine to share with the other ranks.
+            raise ValueError(
+                f"{requested!r} is a Ray Client address; ranks can share a cluster only as "
+                "drivers on its nodes: pass the cluster's GCS address (host:6379) instead"
+            )
         ensure_ray(head_address)
         context = ray.get_runtime_context()
         node_id = context.get_node_id()
