@@ -134,11 +134,11 @@ def build_markdown(records: list[RunRecord], checks: list[ModeCheck], command: s
     lines += ["", "distribute_mode True vs False, same seed:", ""]
     for c in checks:
         verdict = "identical" if c.ok else "DIFFERENT"
-        lines.append(
-            f"- {c.setup}: {verdict}: {c.steps} step losses "
-            f"{'bitwise equal' if c.identical_steps else f'differ (max |diff| {c.max_abs_diff:.3g})'}"
-            f", final weights {'equal' if c.identical_weights else 'differ'}."
-        )
+        steps = ("bitwise equal" if c.identical_steps
+                 else f"differ (max |diff| {c.max_abs_diff:.3g})")
+        weights = "equal" if c.identical_weights else "differ"
+        lines.append(f"- {c.setup}: {verdict}: {c.steps} step losses {steps}, "
+                     f"final weights {weights}.")
     return "\n".join(lines) + "\n"
 
 

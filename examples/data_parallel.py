@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common import (
-    Ranks, SmallCNN, datasets, eval_loader, fit, load_image_data, make_reproducible,
-    parse_args, train_loader,
-)
+from common.cli import parse_args
+from common.data import load_image_data
+from common.model import SmallCNN
+from common.ranks import Ranks
+from common.train import datasets, eval_loader, fit, make_reproducible, train_loader
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,10 +21,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from common import (
-    Ranks, SmallCNN, datasets, eval_loader, fit, load_image_data, make_reproducible,
-    parse_args, train_loader,
-)
+from common.cli import parse_args
+from common.data import load_image_data
+from common.model import SmallCNN
+from common.ranks import Ranks
+from common.train import datasets, eval_loader, fit, make_reproducible, train_loader
 from dpex.distributed import ray_for_ranks
 
 
@@ -64,7 +65,8 @@ def _train(args, ranks: Ranks, device: torch.device, backend: str) -> None:
               f"distribute_mode={args.distribute_mode}, {args.workers} workers per rank, "
               f"{args.batch_size // ranks.world_size} samples per rank and step", flush=True)
     model = SmallCNN(data.num_classes).to(device)  # same seed: same weights on every rank
-    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    on_gpu = device.type == "cuda"
+    model = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None)
     torch.manual_seed(args.seed + ranks.rank)  # ...but each rank its own dropout masks
     loader = train_loader(train_set, args, batch_size=args.batch_size // ranks.world_size,
                           sampler=sampler, rank=ranks.rank)

@@ -30,7 +30,10 @@ class ImageClassification(Dataset):
     """
 
     def __init__(
-        self, images: np.ndarray, labels: np.ndarray, transform: Callable[[np.ndarray], torch.Tensor]
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        transform: Callable[[np.ndarray], torch.Tensor],
     ) -> None:
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
@@ -72,7 +75,8 @@ def load_image_data(data_dir: str = "data", limit: int | None = None) -> ImageDa
         found = _digits()
     name, train_x, train_y, test_x, test_y, flip = found
     if limit is not None:
-        train_x, train_y, test_x, test_y = train_x[:limit], train_y[:limit], test_x[:limit], test_y[:limit]
+        train_x, train_y = train_x[:limit], train_y[:limit]
+        test_x, test_y = test_x[:limit], test_y[:limit]
     pixels = train_x.astype(np.float64) / 255.0
     return ImageData(
         name=name,

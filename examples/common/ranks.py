@@ -22,7 +22,9 @@ class Ranks:
         device: where reductions' tensors must live (a CUDA device under nccl).
     """
 
-    def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | None = None) -> None:
+    def __init__(
+        self, rank: int = 0, world_size: int = 1, device: torch.device | None = None
+    ) -> None:
         self.rank, self.world_size = rank, world_size
         self.device = device or torch.device("cpu")
 

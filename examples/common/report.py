@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported by the training scripts, not by accuracy_table.py
+    import torch
 
 
 @dataclass
@@ -95,7 +98,7 @@ def fingerprint_floats(values) -> str:
     return hashlib.sha256(array.tobytes()).hexdigest()[:12]
 
 
-def fingerprint_weights(module: torch.nn.Module) -> str:
+def fingerprint_weights(module: "torch.nn.Module") -> str:
     """First 12 hex digits of the SHA-256 over every tensor of ``module.state_dict()``."""
     digest = hashlib.sha256()
     for name, tensor in module.state_dict().items():

@@ -50,7 +50,9 @@ def datasets(data: ImageData) -> tuple[Dataset, Dataset]:
         data.train_images, data.train_labels,
         TrainAugment(data.mean, data.std, flip=data.flip_invariant),
     )
-    test = ImageClassification(data.test_images, data.test_labels, EvalTransform(data.mean, data.std))
+    test = ImageClassification(
+        data.test_images, data.test_labels, EvalTransform(data.mean, data.std)
+    )
     return train, test
 
 
