@@ -96,3 +96,69 @@ def test_table_reports_identical_and_different_pairs():
     assert "- single device: identical: 2 step losses bitwise equal, final weights equal." in text
     assert "- DDP: DIFFERENT" in text
     assert text.count("| single device | ") == 2
+
+
+# ------------------------------------------------------------------ data and augmentation
+
+
+def _fake_torchvision(monkeypatch, fashion_mnist_class) -> None:
+    import types
+
+    datasets = types.ModuleType("torchvision.datasets")
+    datasets.FashionMNIST = fashion_mnist_class
+    torchvision = types.ModuleType("torchvision")
+    torchvision.datasets = datasets
+    monkeypatch.setitem(sys.modules, "torchvision", torchvision)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", datasets)
+
+
+def test_fashion_mnist_is_used_when_its_files_are_there(monkeypatch):
+    import torch
+
+    from common.data import load_image_data
+
+    class FashionMNIST:  # torchvision's signature and attributes
+        def __init__(self, root, train, download):
+            assert download is False  # never downloads
+            n = 6 if train else 4
+            self.data = torch.full((n, 28, 28), 200 if train else 100, dtype=torch.uint8)
+            self.targets = torch.arange(n) % 10
+
+    _fake_torchvision(monkeypatch, FashionMNIST)
+    data = load_image_data("data")
+    assert data.name == "FashionMNIST" and data.flip_invariant
+    assert data.train_images.shape == (6, 28, 28) and data.test_images.shape == (4, 28, 28)
+
+
+def test_digits_when_fashion_mnist_files_are_missing(monkeypatch):
+    from common.data import load_image_data
+
+    class FashionMNIST:
+        def __init__(self, root, train, download):
+            raise RuntimeError("Dataset not found. You can use download=True to download it")
+
+    _fake_torchvision(monkeypatch, FashionMNIST)
+    data = load_image_data("data")
+    assert data.name == "sklearn digits" and not data.flip_invariant
+    assert data.train_images.shape == (1437, 28, 28) and data.test_images.shape == (360, 28, 28)
+    assert data.train_images.dtype.name == "uint8" and data.num_classes == 10
+
+
+def test_augmentation_draws_from_numpy_global_rng():
+    """What torch and dpex seed per worker: same seed, same pixels; new draws, new pixels."""
+    import numpy as np
+    import torch
+
+    from common.augment import EvalTransform, TrainAugment
+
+    image = np.zeros((28, 28), dtype=np.uint8)
+    image[8:20, 12:16] = 255
+    augment = TrainAugment(0.1, 0.3, flip=True)
+    np.random.seed(3)
+    first, second = augment(image), augment(image)
+    np.random.seed(3)
+    again = augment(image)
+    assert first.shape == (1, 28, 28) and first.dtype == torch.float32
+    assert torch.equal(first, again) and not torch.equal(first, second)
+    plain = EvalTransform(0.1, 0.3)(image)
+    assert torch.equal(plain, EvalTransform(0.1, 0.3)(image)) and not torch.equal(plain, first)
