@@ -77,14 +77,17 @@ def loader_pids(root: int) -> list[int]:
 
 def watch(root: int, stop: threading.Event, interval_s: float = 0.5,
           rescan_s: float = 2.0, ready: threading.Event | None = None) -> dict[str, int]:
-    """Sample until ``stop`` is set; return the peaks and the first sample (the baseline)."""
+    """Sample until ``stop`` is set, and once more then (the loader is still alive, so a run
+    shorter than ``interval_s`` is seen too); return the peaks and the first sample (the
+    baseline)."""
     peak = peak_trainer = samples = 0
     baseline = None
     pids: list[int] = []
     next_scan = 0.0
+    stopping = False
     while True:
         now = time.monotonic()
-        if now >= next_scan:
+        if now >= next_scan or stopping:
             pids = loader_pids(root)
             next_scan = now + rescan_s
         trainer = pss_bytes(root)
@@ -95,9 +98,10 @@ def watch(root: int, stop: threading.Event, interval_s: float = 0.5,
             baseline = total
             if ready is not None:
                 ready.set()
-        if stop.wait(interval_s):
+        if stopping:
             return {"peak_bytes": peak, "peak_trainer_bytes": peak_trainer,
                     "baseline_bytes": baseline, "samples": samples}
+        stopping = stop.wait(interval_s)
 
 
 def main() -> int:

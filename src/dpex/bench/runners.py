@@ -1,8 +1,9 @@
 """One runner per loader kind, all measured by the same loop in the same way.
 
 A run builds one loader (persistent workers where the loader has them), iterates ``epochs``
-epochs over it, and tears it down. Epoch 0 is the warm-up (workers start, caches fill); the
-epochs after it are the steady state. Per epoch the loop records:
+epochs over it, and tears it down; ``run_interleaved`` does that for several loaders at once
+with their steady-state epochs taken in turns. Epoch 0 is the warm-up (workers start, caches
+fill); the epochs after it are the steady state. Per epoch the loop records:
 
 * wall time and the items / bytes / batches it yielded (the trainer only counts them: it
   does not touch the data, so no loader is charged for a copy it did not make);
@@ -189,6 +190,52 @@ def run_one(loader: str, workload: Workload, workers: int, epochs: int, repeat: 
         gc.collect()
         wait_for_workers_to_exit()
     return record
+
+
+def run_interleaved(loaders: list[str], workload: Workload, workers: int, epochs: int,
+                    repeat: int, address: str | None = None) -> list[RunRecord]:
+    """All ``loaders`` on ``workload``, their steady-state epochs interleaved.
+
+    Each loader is built and runs its warm-up epoch alone, in the given order; its peak
+    memory is measured then (over a baseline that holds the idle workers of the loaders
+    built before it). Then epoch 1, 2, ... of every loader run in turn, in the given order on
+    odd epochs and reversed on even ones, so every loader's steady state is measured over
+    the same stretch of time: on a shared machine the load drifts within seconds. All are
+    torn down at the end.
+    """
+    records: list[RunRecord] = []
+    live: list[tuple[RunRecord, Callable[[], Iterable[Any]], Any]] = []
+    try:
+        for name in loaders:
+            rec = RunRecord(name, workload.name, workers, repeat)
+            records.append(rec)
+            watch = MemoryWatch()
+            try:
+                epoch_iter, handle = FACTORIES[name](workload, workers, address)
+                rec.epochs = measure_epochs(epoch_iter, 1)
+                live.append((rec, epoch_iter, handle))
+            except Exception as exc:  # one broken loader must not sink the whole suite
+                rec.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+            finally:
+                peaks = watch.stop()
+                rec.peak_bytes = peaks.get("peak_bytes", 0)
+                rec.peak_trainer_bytes = peaks.get("peak_trainer_bytes", 0)
+                rec.baseline_bytes = peaks.get("baseline_bytes", 0)
+        for epoch in range(1, epochs):
+            for rec, epoch_iter, _ in (live if epoch % 2 == 1 else live[::-1]):
+                if rec.error is not None:
+                    continue
+                try:
+                    rec.epochs += measure_epochs(epoch_iter, 1)
+                except Exception as exc:
+                    rec.error = f"{type(exc).__name__}: {exc}"
+                    traceback.print_exc()
+    finally:
+        live.clear()
+        gc.collect()
+        wait_for_workers_to_exit()
+    return records
 
 
 def wait_for_workers_to_exit(timeout_s: float = 20.0) -> None:

@@ -1,9 +1,10 @@
 """The suite: every selected loader on every selected workload, in alternating order.
 
-For each workload and worker count, repeat ``repeats`` times: run each loader once (a fresh
-loader, ``epochs`` epochs, epoch 0 the warm-up), in the listed order on even repeats and the
-reverse order on odd ones. The same dataset object, batch size, collate (torch's default) and
-``num_workers`` go to every loader.
+For each workload and worker count, repeat ``repeats`` times: build every loader afresh and
+run its warm-up epoch (epoch 0), one after the other; then run the steady-state epochs in
+turns, one epoch of each loader at a time, alternating the order (``run_interleaved``). The
+build order is the listed one on even repeats and the reverse on odd ones. The same dataset
+object, batch size, collate (torch's default) and ``num_workers`` go to every loader.
 """
 
 from __future__ import annotations
@@ -73,9 +74,8 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
         for workers in config.workers:
             for repeat in range(repeats):
                 order = loaders if repeat % 2 == 0 else loaders[::-1]
-                for loader in order:
-                    rec = runners.run_one(loader, workload, workers, epochs, repeat,
-                                          config.address)
+                for rec in runners.run_interleaved(order, workload, workers, epochs, repeat,
+                                                   config.address):
                     records.append(rec)
                     log(_progress(rec))
     return write_results(config, records, skipped)
