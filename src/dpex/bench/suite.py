@@ -66,10 +66,14 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
     if "ray-data" in loaders and not ray_data_available():
         loaders.remove("ray-data")
         skipped.append("ray-data (install the optional extra: pip install 'dpex[bench]')")
+    workloads = list(config.workloads)
+    if "shards" in workloads and importlib.util.find_spec("webdataset") is None:
+        workloads.remove("shards")
+        skipped.append("shards (install the optional extra: pip install 'dpex[data]')")
     if any(name in runners.RAY_LOADERS for name in loaders):
         runners.start_ray(config.address)
     records: list[runners.RunRecord] = []
-    for name in config.workloads:
+    for name in workloads:
         workload = make_workload(name, config.size, config.data_dir)
         for workers in config.workers:
             for repeat in range(repeats):
