@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -29,9 +30,14 @@ def run(**kw):
 
 
 def run_script(body: str, timeout: float = 120) -> list[dict]:
-    """Run PRELUDE + body in a fresh interpreter; return the JSON lines it printed."""
+    """Run PRELUDE + body in a fresh interpreter; return the JSON lines it printed.
+
+    Its Ray temp dir is its own, so no cluster another test recorded there is in sight
+    (as on a fresh machine).
+    """
     code = PRELUDE + textwrap.dedent(body)
-    env = {"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin"}
+    ray_tmp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's socket paths
+    env = {"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin", "RAY_TMPDIR": ray_tmp}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=TESTS_DIR)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -56,7 +62,7 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
 
 def test_users_own_ray_session_is_used_and_left_running():
     out = run_script("""
-        ctx = ray.init(num_cpus=2, include_dashboard=False)
+        ctx = ray.init(address="local", num_cpus=2, include_dashboard=False)
         node_before = ray.get_runtime_context().get_node_id()
         batches = run()
         import gc; gc.collect()
