@@ -24,7 +24,7 @@ from helpers import (
     worker_actors,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
 
 
 @pytest.fixture(scope="module")
