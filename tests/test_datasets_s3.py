@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 
 import pyarrow.fs as pafs
 import pytest
@@ -16,16 +15,11 @@ from shard_helpers import (
 )
 
 import dpex
+from conftest import free_port
 from dpex.datasets import ParquetDataset, ParquetIterableDataset, write_shards
 
 BUCKET = "dpex-test"
 CREDENTIALS = {"access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +30,7 @@ def s3_endpoint():
 
     # moto's HTTP server logs every request; keep failure output readable.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
@@ -167,7 +161,7 @@ def test_missing_column_on_s3_raises_key_error(s3_data, storage_options):
 @pytest.mark.timeout(60)
 def test_unreachable_endpoint_raises_connection_error_naming_it():
     # Nothing listens on a port we just released: connections are refused at once.
-    endpoint = f"http://127.0.0.1:{_free_port()}"
+    endpoint = f"http://127.0.0.1:{free_port()}"
     options = {"endpoint_override": endpoint, "scheme": "http", **CREDENTIALS}
     with pytest.raises(ConnectionError, match=f"cannot reach the storage endpoint {endpoint}"):
         ParquetDataset(f"s3://{BUCKET}/train", storage_options=options)
