@@ -95,3 +95,18 @@ def test_parity_in_order_false_yields_the_same_multiset():
     kwargs = dict(dataset=RangeDataset(30), batch_size=4, shuffle=True, in_order=False)
     key = lambda batches: sorted(tuple(b.flatten().tolist()) for b in batches)  # noqa: E731
     assert key(run(False, **kwargs)) == key(run(True, **kwargs))
+
+
+def test_parity_persistent_workers_after_breaking_out_of_an_epoch():
+    def run_with_break(mode):
+        loader = dpex.DataLoader(AugmentedDataset(40), batch_size=4, shuffle=True, num_workers=2,
+                                 persistent_workers=True, distribute_mode=mode,
+                                 generator=torch.Generator().manual_seed(8))
+        batches = []
+        for batch in loader:  # epoch 0: leave early, with batches still in flight
+            batches.append(batch)
+            if len(batches) == 2:
+                break
+        return batches + list(loader)
+
+    assert_batches_equal(run_with_break(False), run_with_break(True))

@@ -212,6 +212,7 @@ class _RayDataLoaderIter:
 
         The workers run them anyway; collecting them keeps each slot's RNG state exact.
         """
+        self._sampler_iter = iter(())  # a replica's END must not dispatch more of that epoch
         while self._calls:
             self._collect(next(iter(self._calls)), timeout=None)
 
