@@ -5,6 +5,7 @@ has one Ray connection."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,9 @@ def run(**kw):
 """
 
 
+AUTH_ENV = ("HOME", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
 def run_script(body: str, timeout: float = 120) -> list[dict]:
     """Run PRELUDE + body in a fresh interpreter; return the JSON lines it printed.
 
@@ -38,6 +42,9 @@ def run_script(body: str, timeout: float = 120) -> list[dict]:
     code = PRELUDE + textwrap.dedent(body)
     ray_tmp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's socket paths
     env = {"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin", "RAY_TMPDIR": ray_tmp}
+    # Ray's token auth, as a user's shell would carry it: once an earlier ray.init() in this
+    # test process turned auth on (it sets RAY_AUTH_MODE=token), clusters started here use it.
+    env.update({k: os.environ[k] for k in AUTH_ENV if k in os.environ})
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=TESTS_DIR)
     assert proc.returncode == 0, proc.stderr[-3000:]
