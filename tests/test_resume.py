@@ -77,7 +77,8 @@ def test_resume_with_distributed_sampler_and_set_epoch(mode):
     def make():
         sampler = DistributedSampler(AugmentedDataset(40), num_replicas=2, rank=1, seed=3)
         loader = dpex.DataLoader(AugmentedDataset(40), batch_size=3, sampler=sampler,
-                                 num_workers=2, distribute_mode=mode)
+                                 num_workers=2, distribute_mode=mode,
+                                 generator=torch.Generator().manual_seed(6))  # worker seeds
         return loader, sampler
 
     loader, sampler = make()

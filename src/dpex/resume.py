@@ -42,6 +42,7 @@ class EpochRecord:
     base_seed: int | None = None
     base_seed_drawn: bool = True  # did this epoch's iterator draw the base seed?
     delivered: int = 0
+    started: bool = False  # an epoch has begun (its generator may be None)
     complete: bool = False
     workers: list[WorkerPosition] = field(default_factory=list)
 
@@ -53,6 +54,7 @@ class EpochRecord:
         if base_seed_drawn:
             self.base_seed = peek_base_seed(generator)
         self.delivered = 0
+        self.started = True
         self.complete = False
         if not carry_workers or len(self.workers) != num_workers:
             self.workers = [WorkerPosition() for _ in range(num_workers)]
@@ -63,7 +65,7 @@ class EpochRecord:
             self.workers[worker_id] = WorkerPosition(rng, dataset_state)
 
     def to_state_dict(self, generator) -> dict[str, Any]:
-        in_progress = not self.complete and self.generator_state is not None
+        in_progress = self.started and not self.complete
         return {
             "version": STATE_VERSION,
             # Mid-epoch: replay this epoch from its start. Otherwise: the next epoch starts
