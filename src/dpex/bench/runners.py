@@ -182,14 +182,17 @@ def run_one(loader: str, workload: Workload, workers: int, epochs: int, repeat: 
         record.error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     finally:
-        peaks = watch.stop()
-        record.peak_bytes = peaks.get("peak_bytes", 0)
-        record.peak_trainer_bytes = peaks.get("peak_trainer_bytes", 0)
-        record.baseline_bytes = peaks.get("baseline_bytes", 0)
+        _record_peaks(record, watch.stop())
         del handle
         gc.collect()
         wait_for_workers_to_exit()
     return record
+
+
+def _record_peaks(record: RunRecord, peaks: dict) -> None:
+    record.peak_bytes = peaks.get("peak_bytes", 0)
+    record.peak_trainer_bytes = peaks.get("peak_trainer_bytes", 0)
+    record.baseline_bytes = peaks.get("baseline_bytes", 0)
 
 
 def run_interleaved(loaders: list[str], workload: Workload, workers: int, epochs: int,
@@ -218,10 +221,7 @@ def run_interleaved(loaders: list[str], workload: Workload, workers: int, epochs
                 rec.error = f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
             finally:
-                peaks = watch.stop()
-                rec.peak_bytes = peaks.get("peak_bytes", 0)
-                rec.peak_trainer_bytes = peaks.get("peak_trainer_bytes", 0)
-                rec.baseline_bytes = peaks.get("baseline_bytes", 0)
+                _record_peaks(rec, watch.stop())
         for epoch in range(1, epochs):
             for rec, epoch_iter, _ in (live if epoch % 2 == 1 else live[::-1]):
                 if rec.error is not None:
