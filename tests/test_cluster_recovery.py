@@ -6,8 +6,10 @@ for the same seed: random augmentations included, the batches must be bitwise id
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+from dataclasses import dataclass
 
 import pytest
 import ray
@@ -24,7 +26,10 @@ from helpers import (
     worker_actors,
 )
 
-pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
+pytestmark = pytest.mark.timeout(480)
+
+_FORKSERVER = multiprocessing.get_context("forkserver")
+_FORKSERVER.set_forkserver_preload(["torch", "helpers"])  # a loaded 2-core machine starts nodes slowly
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +55,27 @@ def cluster():
 
 
 def run(mode, dataset=None, epochs=1, fault=None, fault_after=3, options=None, **kwargs):
-    """Iterate ``epochs`` epochs; call ``fault()`` after ``fault_after`` batches of the last."""
+    """Iterate ``epochs`` epochs; call ``fault(workers)`` after ``fault_after`` batches of
+    the last, with the running iterator's workers (see ``live_workers``)."""
     dataset = dataset if dataset is not None else AugmentedDataset(60)
     kwargs.setdefault("num_workers", 3)
     kwargs.setdefault("batch_size", 4)
     if not isinstance(dataset, torch.utils.data.IterableDataset):
         kwargs.setdefault("shuffle", True)
-    extra = dict(distribute_mode=True, worker_options=options or dpex.WorkerOptions()) if mode else {}
+    if mode:
+        extra = dict(distribute_mode=True, worker_options=options or dpex.WorkerOptions())
+    else:
+        # Forking a process that runs Ray (this one, the driver) can deadlock the child on a
+        # lock one of Ray's threads held; Ray's docs advise forkserver for torch's workers.
+        extra = dict(multiprocessing_context=_FORKSERVER)
     loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(77), **kwargs, **extra)
     batches = []
     for epoch in range(epochs):
-        for i, batch in enumerate(loader):
+        iterator = iter(loader)
+        for i, batch in enumerate(iterator):
             batches.append(batch)
             if fault is not None and epoch == epochs - 1 and i + 1 == fault_after:
-                fault()
+                fault(live_workers(iterator))
     return batches, loader
 
 
@@ -89,15 +101,14 @@ def test_workers_restricted_to_a_resource_or_label(cluster):
 
 @pytest.mark.parametrize("how", ["ray_kill_one", "sigkill_one", "kill_all"])
 def test_killed_workers_are_replaced_and_the_epoch_is_identical(cluster, how):
-    def fault():
-        actors = current_workers()
+    def fault(workers):
         if how == "ray_kill_one":
-            ray.kill(ray.get_actor(actors[0].name))
+            ray.kill(workers[0].actor)
         elif how == "sigkill_one":
-            _sigkill(actors[1])
+            _sigkill(workers[1])
         else:
-            for actor in actors:
-                _sigkill(actor)
+            for worker in workers:
+                _sigkill(worker)
 
     expected, _ = run(False)
     batches, loader = run(True, fault=fault)
@@ -106,8 +117,8 @@ def test_killed_workers_are_replaced_and_the_epoch_is_identical(cluster, how):
 
 
 def test_iterable_dataset_and_persistent_workers_recover_identically(cluster):
-    def fault():
-        _sigkill(current_workers()[0])
+    def fault(workers):
+        _sigkill(workers[0])
 
     for dataset, kwargs in ((ShardedIterable(50), {}), (AugmentedDataset(40), {"persistent_workers": True})):
         expected, _ = run(False, dataset, epochs=2, **kwargs)
@@ -117,11 +128,11 @@ def test_iterable_dataset_and_persistent_workers_recover_identically(cluster):
 
 
 def test_removing_a_node_mid_epoch_loses_nothing(cluster):
-    def fault():
-        hosts = {a.node_id for a in current_workers()}
+    def fault(workers):
+        hosts = {w.node_id for w in workers}
         victim = next(n for n in cluster.worker_nodes
                       if n.node_id in hosts and n is not labelled_node(cluster))
-        cluster.remove_node(victim, allow_graceful=False)
+        remove_node(cluster, victim, workers)
 
     expected, _ = run(False)
     batches, loader = run(True, fault=fault, options=dpex.WorkerOptions(avoid_trainer_node=True))
@@ -145,19 +156,51 @@ def test_no_capacity_fails_in_bounded_time(cluster):
 def test_no_eligible_node_left_fails_clearly(cluster):
     options = dpex.WorkerOptions(labels={"role": "preprocess"}, start_timeout_s=10)
 
-    def fault():
-        cluster.remove_node(labelled_node(cluster), allow_graceful=False)
+    def fault(workers):
+        remove_node(cluster, labelled_node(cluster), workers)
 
     with pytest.raises(RuntimeError, match=r"no alive Ray node can host a worker|did not start"):
         run(True, fault=fault, options=options)
     assert wait_until(lambda: not worker_actors())
 
 
-def current_workers(n: int = 3) -> list:
-    """The n live workers, once Ray's state API no longer lists last epoch's (just killed)."""
-    assert wait_until(lambda: len(worker_actors()) == n)
-    return worker_actors()
+@dataclass
+class LiveWorker:
+    actor: object
+    node_id: str
+    pid: int
 
 
-def _sigkill(actor) -> None:
-    os.kill(actor.pid, signal.SIGKILL)
+def live_workers(iterator) -> list[LiveWorker]:
+    """The workers of this very iterator, by worker id, asked directly (not through Ray's
+    state API, which may lag and still list the actors of an earlier epoch or test)."""
+    slots = iterator._slots
+    answers = ray.get([slot.actor.ready.remote() for slot in slots])
+    return [LiveWorker(slot.actor, node_id, pid) for slot, (node_id, pid) in zip(slots, answers)]
+
+
+def _sigkill(worker: LiveWorker) -> None:
+    os.kill(worker.pid, signal.SIGKILL)
+
+
+def _process_gone(pid: int) -> bool:
+    """Exited (a zombie counts: an orphan may wait for a reaper that never comes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def remove_node(cluster, node, workers: list[LiveWorker]) -> None:
+    """Remove ``node`` as a lost machine would go: with every process on it.
+
+    ``Cluster.remove_node`` kills the node's raylet; its worker processes notice and exit on
+    their own, but on a loaded machine only seconds later, and until then they keep
+    answering calls. Waiting (then killing stragglers) makes the fault land mid-epoch."""
+    cluster.remove_node(node, allow_graceful=False)
+    victims = [w.pid for w in workers if w.node_id == node.node_id]
+    if not wait_until(lambda: all(_process_gone(pid) for pid in victims), timeout=10):
+        for pid in victims:
+            if not _process_gone(pid):
+                os.kill(pid, signal.SIGKILL)
