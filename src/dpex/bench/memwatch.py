@@ -1,6 +1,6 @@
 """Peak memory of the trainer and its loader workers, sampled from a separate process.
 
-Run as ``python -m dpex.bench.memwatch PID``: it samples until it gets SIGTERM, then prints one
+Run as ``python path/to/memwatch.py PID`` (it imports nothing of dpex): it samples until it gets SIGTERM, then prints one
 JSON line ``{"peak_bytes": ..., "peak_trainer_bytes": ..., "baseline_bytes": ..., "samples": ...}``;
 the baseline is the first sample, taken before it answers "ready".
 Sampling from another process keeps the trainer's CPU time free of the monitor's cost.
@@ -14,7 +14,8 @@ the processes mapping them rather than counted once per process) of
   whose title says they run a task or actor (``ray::Worker...``, ``ray::ReadRange->...``).
 
 Not counted: Ray's own daemons (gcs_server, raylet, dashboard, log monitor...), its agents,
-and idle pooled Ray workers (``ray::IDLE``). Workers on other machines (``--address`` of a
+idle pooled Ray workers (``ray::IDLE``), Ray's internal singleton actors (``ray::_StatsActor``)
+and Python's multiprocessing resource tracker. Workers on other machines (``--address`` of a
 remote cluster) cannot be seen from here.
 """
 
@@ -29,10 +30,13 @@ import time
 
 import psutil
 
-_RAY_IDLE_OR_AGENT = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+# Ray's own pooled workers and agents, and its internal singleton actors (named with a
+# leading underscore, e.g. Ray Data's _StatsActor): they outlive every loader.
+_RAY_IDLE_OR_AGENT = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::_")
 _SYSTEM_MARKERS = (
     "gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env",
     "default_worker.py", "ray_client_server", "memwatch", "plasma_store",
+    "multiprocessing.resource_tracker",  # a daemon python starts once, for shared memory
 )
 
 

@@ -156,8 +156,12 @@ class MemoryWatch:
     def __init__(self) -> None:
         import os
 
+        from dpex.bench import memwatch
+
+        # Run by path, not ``-m dpex.bench.memwatch``: importing the package would import
+        # torch and ray first (about 3 s per loader, every run).
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "dpex.bench.memwatch", str(os.getpid())],
+            [sys.executable, memwatch.__file__, str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
         )
         self._proc.stdout.readline()  # "ready"
@@ -167,26 +171,6 @@ class MemoryWatch:
         out, _ = self._proc.communicate(timeout=30)
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]
         return json.loads(lines[-1]) if lines else {"peak_bytes": 0, "peak_trainer_bytes": 0}
-
-
-def run_one(loader: str, workload: Workload, workers: int, epochs: int, repeat: int,
-            address: str | None = None) -> RunRecord:
-    """Build ``loader`` for ``workload``, run ``epochs`` epochs, tear it down."""
-    record = RunRecord(loader, workload.name, workers, repeat)
-    watch = MemoryWatch()
-    handle = None
-    try:
-        epoch_iter, handle = FACTORIES[loader](workload, workers, address)
-        record.epochs = measure_epochs(epoch_iter, epochs)
-    except Exception as exc:  # one broken loader must not sink the whole suite
-        record.error = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
-    finally:
-        _record_peaks(record, watch.stop())
-        del handle
-        gc.collect()
-        wait_for_workers_to_exit()
-    return record
 
 
 def _record_peaks(record: RunRecord, peaks: dict) -> None:
@@ -212,30 +196,48 @@ def run_interleaved(loaders: list[str], workload: Workload, workers: int, epochs
         for name in loaders:
             rec = RunRecord(name, workload.name, workers, repeat)
             records.append(rec)
-            watch = MemoryWatch()
-            try:
-                epoch_iter, handle = FACTORIES[name](workload, workers, address)
-                rec.epochs = measure_epochs(epoch_iter, 1)
-                live.append((rec, epoch_iter, handle))
-            except Exception as exc:  # one broken loader must not sink the whole suite
-                rec.error = f"{type(exc).__name__}: {exc}"
-                traceback.print_exc()
-            finally:
-                _record_peaks(rec, watch.stop())
-        for epoch in range(1, epochs):
-            for rec, epoch_iter, _ in (live if epoch % 2 == 1 else live[::-1]):
-                if rec.error is not None:
-                    continue
-                try:
-                    rec.epochs += measure_epochs(epoch_iter, 1)
-                except Exception as exc:
-                    rec.error = f"{type(exc).__name__}: {exc}"
-                    traceback.print_exc()
+            built = _build_and_warm_up(rec, workload, workers, address)
+            if built is not None:
+                live.append((rec, *built))
+        _run_steady_epochs(live, epochs)
     finally:
+        # Drop every reference to the loaders before waiting for their workers to go.
         live.clear()
+        built = None
         gc.collect()
         wait_for_workers_to_exit()
     return records
+
+
+def _build_and_warm_up(rec: RunRecord, workload: Workload, workers: int,
+                       address: str | None) -> tuple[Callable[[], Iterable[Any]], Any] | None:
+    """Build ``rec``'s loader and run its first epoch alone, measuring peak memory."""
+    watch = MemoryWatch()
+    try:
+        epoch_iter, handle = FACTORIES[rec.loader](workload, workers, address)
+        rec.epochs = measure_epochs(epoch_iter, 1)
+        return epoch_iter, handle
+    except Exception as exc:  # one broken loader must not sink the whole suite
+        rec.error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        return None
+    finally:
+        _record_peaks(rec, watch.stop())
+
+
+def _run_steady_epochs(live: list[tuple[RunRecord, Callable[[], Iterable[Any]], Any]],
+                       epochs: int) -> None:
+    """Epochs 1.. of every live loader in turn (a function of its own, so that no loop
+    variable outlives it and keeps a loader, and its workers, alive)."""
+    for epoch in range(1, epochs):
+        for rec, epoch_iter, _handle in (live if epoch % 2 == 1 else live[::-1]):
+            if rec.error is not None:
+                continue
+            try:
+                rec.epochs += measure_epochs(epoch_iter, 1)
+            except Exception as exc:
+                rec.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
 
 
 def wait_for_workers_to_exit(timeout_s: float = 20.0) -> None:
