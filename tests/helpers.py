@@ -79,11 +79,12 @@ class SlowDataset(Dataset):
         return i
 
 
-def assert_batches_equal(expected, actual) -> None:
+def assert_batches_equal(expected, actual, case: str = "") -> None:
     """``torch.equal`` on every tensor of every batch; other leaves compared with ==."""
-    assert len(expected) == len(actual), (len(expected), len(actual))
+    prefix = f"{case}: " if case else ""
+    assert len(expected) == len(actual), f"{prefix}{len(expected)} != {len(actual)} batches"
     for i, (a, b) in enumerate(zip(expected, actual)):
-        _assert_same(a, b, f"batch {i}")
+        _assert_same(a, b, f"{prefix}batch {i}")
 
 
 def _assert_same(a, b, where: str) -> None:

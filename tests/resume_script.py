@@ -1,6 +1,7 @@
 """Run in a fresh interpreter by test_resume.py: load a saved loader state and finish.
 
-argv: state path, output path, distribute_mode (0/1), persistent (0/1), epochs to finish.
+argv: epochs to finish, then for each loader: state path, output path, distribute_mode (0/1),
+persistent (0/1).
 """
 
 import sys
@@ -19,8 +20,10 @@ def make_loader(distribute_mode: bool, persistent: bool) -> dpex.DataLoader:
 
 
 if __name__ == "__main__":
-    state_path, out_path, mode, persistent, epochs = sys.argv[1:6]
-    loader = make_loader(mode == "1", persistent == "1")
-    loader.load_state_dict(torch.load(state_path, weights_only=True))
-    batches = [batch for _ in range(int(epochs)) for batch in loader]
-    torch.save(batches, out_path)
+    epochs, jobs = int(sys.argv[1]), sys.argv[2:]
+    for i in range(0, len(jobs), 4):
+        state_path, out_path, mode, persistent = jobs[i:i + 4]
+        loader = make_loader(mode == "1", persistent == "1")
+        loader.load_state_dict(torch.load(state_path, weights_only=True))
+        torch.save([batch for _ in range(epochs) for batch in loader], out_path)
+        del loader  # persistent workers go now, not at exit

@@ -25,21 +25,29 @@ def uninterrupted(persistent: bool) -> list:
     return [batch for _ in range(3) for batch in loader]
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])
-@pytest.mark.parametrize("mode", [False, True], ids=["torch", "distributed"])
-def test_resume_in_a_fresh_process_matches_the_uninterrupted_run(tmp_path, persistent, mode):
-    expected = uninterrupted(persistent)
-    seen = save_after_k(mode, persistent, tmp_path / "state.pt")
+CASES = [(mode, persistent) for mode in (False, True) for persistent in (False, True)]
 
-    out = tmp_path / "rest.pt"
+
+@pytest.mark.timeout(600)
+def test_resume_in_a_fresh_process_matches_the_uninterrupted_run(tmp_path):
+    """Both modes, with and without persistent workers: each state is saved here after K
+    batches and loaded by a new loader in one fresh interpreter (one, not four: every
+    interpreter that starts Ray costs seconds), which finishes epoch 1 and runs epoch 2."""
+    seen, jobs = {}, []
+    for mode, persistent in CASES:
+        state = tmp_path / f"state-{mode:d}{persistent:d}.pt"
+        rest = tmp_path / f"rest-{mode:d}{persistent:d}.pt"
+        seen[mode, persistent] = save_after_k(mode, persistent, state)
+        jobs += [str(state), str(rest), str(int(mode)), str(int(persistent))]
     proc = subprocess.run(
-        [sys.executable, f"{TESTS_DIR}/resume_script.py", str(tmp_path / "state.pt"), str(out),
-         str(int(mode)), str(int(persistent)), "2"],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, f"{TESTS_DIR}/resume_script.py", "2", *jobs],
+        capture_output=True, text=True, timeout=400,
         env={"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_batches_equal(expected, seen + torch.load(out, weights_only=True))
+    for mode, persistent in CASES:
+        rest = torch.load(tmp_path / f"rest-{mode:d}{persistent:d}.pt", weights_only=True)
+        case = f"distribute_mode={mode}, persistent_workers={persistent}"
+        assert_batches_equal(uninterrupted(persistent), seen[mode, persistent] + rest, case)
 
 
 def test_a_state_saved_in_distribute_mode_resumes_in_torchs_mode(tmp_path):
@@ -76,8 +84,9 @@ def test_state_holds_no_sample_data_and_loads_with_weights_only(tmp_path):
 def test_resume_with_distributed_sampler_and_set_epoch(mode):
     def make():
         sampler = DistributedSampler(AugmentedDataset(40), num_replicas=2, rank=1, seed=3)
+        # Persistent workers: each loader starts its workers once (Ray actors take seconds).
         loader = dpex.DataLoader(AugmentedDataset(40), batch_size=3, sampler=sampler,
-                                 num_workers=2, distribute_mode=mode,
+                                 num_workers=2, distribute_mode=mode, persistent_workers=True,
                                  generator=torch.Generator().manual_seed(6))  # worker seeds
         return loader, sampler
 
