@@ -22,7 +22,7 @@ from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
 from dpex.resume import WorkerPosition, dataset_state, restore_position
 from dpex.seeding import RngState, seed_worker
-from dpex.worker_info import set_worker_info
+from dpex.worker_info import set_worker_info, worker_info_hidden
 
 # Outcome kinds of one task.
 DATA, ERROR, END = "data", "error", "end"
@@ -95,7 +95,8 @@ class Worker:
     def _new_fetcher(self) -> None:
         c = self.config
         self.fetcher = make_fetcher(
-            self.dataset, c.is_iterable, c.auto_collation, c.collate_fn, c.drop_last
+            self.dataset, c.is_iterable, c.auto_collation, _private_memory_collate(c.collate_fn),
+            c.drop_last,
         )
 
     def ready(self) -> tuple[str, int]:
@@ -129,3 +130,17 @@ class Worker:
             payload, kind = RemoteError.capture(self.worker_id, index), ERROR
         state = dataset_state(self.dataset) if self.stateful and kind == DATA else None
         return TaskResult(task_id, kind, payload, RngState.capture(), state)
+
+
+def _private_memory_collate(collate_fn: Callable) -> Callable:
+    """torch's ``default_collate``, run with the worker info hidden so the batch lands in
+    ordinary memory (see ``worker_info_hidden``); bitwise the same batch. Any other collate
+    function runs as given: it may read ``get_worker_info()`` itself."""
+    if collate_fn is not torch.utils.data.default_collate:
+        return collate_fn
+
+    def collate(batch: Any) -> Any:
+        with worker_info_hidden():
+            return torch.utils.data.default_collate(batch)
+
+    return collate
