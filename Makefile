@@ -10,10 +10,12 @@ STAMP := $(VENV)/.dpex-installed
 
 install: $(STAMP)
 
+# --no-compile: pip would byte-compile every file of torch and ray (about 80 s on 2 cores);
+# Python compiles just the modules it imports, once, on first use.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-compile torch==2.13.0
+	$(PY) -m pip install -q --no-compile -e ".[test]"
 	touch $(STAMP)
 
 demo: install
