@@ -23,7 +23,7 @@ def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> Non
 
     This is the one private hook dpex needs: ``torch.utils.data.get_worker_info()`` reads
     the module global ``torch.utils.data._utils.worker._worker_info``, and there is no public
-    setter. Keeping it in this function means a torch change breaks exactly one place.
+    setter. Keeping it in this module means a torch change breaks exactly one place.
     """
     worker_module = torch.utils.data._utils.worker
     worker_module._worker_info = worker_module.WorkerInfo(

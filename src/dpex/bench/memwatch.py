@@ -1,7 +1,8 @@
 """Peak memory of the trainer and its loader workers, sampled from a separate process.
 
-Run as ``python path/to/memwatch.py PID`` (it imports nothing of dpex): it samples until it gets SIGTERM, then prints one
-JSON line ``{"peak_bytes": ..., "peak_trainer_bytes": ..., "baseline_bytes": ..., "samples": ...}``;
+Run as ``python path/to/memwatch.py PID`` (it imports nothing of dpex, so it starts fast):
+it samples until it gets SIGTERM, then prints one JSON line
+``{"peak_bytes": ..., "peak_trainer_bytes": ..., "baseline_bytes": ..., "samples": ...}``;
 the baseline is the first sample, taken before it answers "ready".
 Sampling from another process keeps the trainer's CPU time free of the monitor's cost.
 
