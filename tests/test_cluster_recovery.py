@@ -27,10 +27,10 @@ from helpers import (
     worker_actors,
 )
 
-pytestmark = pytest.mark.timeout(480)
+pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
 
 _FORKSERVER = multiprocessing.get_context("forkserver")
-_FORKSERVER.set_forkserver_preload(["torch", "helpers"])  # a loaded 2-core machine starts nodes slowly
+_FORKSERVER.set_forkserver_preload(["torch", "helpers"])
 
 
 @pytest.fixture(scope="module")
