@@ -33,10 +33,10 @@ def test_resume_in_a_fresh_process_matches_the_uninterrupted_run(tmp_path):
     """Both modes, with and without persistent workers: each state is saved here after K
     batches and loaded by a new loader in one fresh interpreter (one, not four: every
     interpreter that starts Ray costs seconds), which finishes epoch 1 and runs epoch 2."""
-    seen, jobs = {}, []
+    seen, rest_paths, jobs = {}, {}, []
     for mode, persistent in CASES:
         state = tmp_path / f"state-{mode:d}{persistent:d}.pt"
-        rest = tmp_path / f"rest-{mode:d}{persistent:d}.pt"
+        rest = rest_paths[mode, persistent] = tmp_path / f"rest-{mode:d}{persistent:d}.pt"
         seen[mode, persistent] = save_after_k(mode, persistent, state)
         jobs += [str(state), str(rest), str(int(mode)), str(int(persistent))]
     proc = subprocess.run(
@@ -44,10 +44,11 @@ def test_resume_in_a_fresh_process_matches_the_uninterrupted_run(tmp_path):
         capture_output=True, text=True, timeout=400,
         env={"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = {persistent: uninterrupted(persistent) for persistent in (False, True)}
     for mode, persistent in CASES:
-        rest = torch.load(tmp_path / f"rest-{mode:d}{persistent:d}.pt", weights_only=True)
+        rest = torch.load(rest_paths[mode, persistent], weights_only=True)
         case = f"distribute_mode={mode}, persistent_workers={persistent}"
-        assert_batches_equal(uninterrupted(persistent), seen[mode, persistent] + rest, case)
+        assert_batches_equal(expected[persistent], seen[mode, persistent] + rest, case)
 
 
 def test_a_state_saved_in_distribute_mode_resumes_in_torchs_mode(tmp_path):

@@ -79,6 +79,7 @@ class Worker:
         set_worker_info(worker_id, config.num_workers, self.seed, dataset)
         self.init_error: RemoteError | None = None
         self.fetcher = None
+        self.collate_fn = _private_memory_collate(config.collate_fn)
         self.stateful = config.is_iterable and callable(getattr(dataset, "state_dict", None))
         try:
             if config.worker_init_fn is not None:
@@ -95,8 +96,7 @@ class Worker:
     def _new_fetcher(self) -> None:
         c = self.config
         self.fetcher = make_fetcher(
-            self.dataset, c.is_iterable, c.auto_collation, _private_memory_collate(c.collate_fn),
-            c.drop_last,
+            self.dataset, c.is_iterable, c.auto_collation, self.collate_fn, c.drop_last
         )
 
     def ready(self) -> tuple[str, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -154,8 +155,6 @@ class MemoryWatch:
     """``memwatch`` in a child process, watching this (the trainer) process."""
 
     def __init__(self) -> None:
-        import os
-
         from dpex.bench import memwatch
 
         # Run by path, not ``-m dpex.bench.memwatch``: importing the package would import
@@ -243,8 +242,6 @@ def _run_steady_epochs(live: list[tuple[RunRecord, Callable[[], Iterable[Any]], 
 def wait_for_workers_to_exit(timeout_s: float = 20.0) -> None:
     """Block until no loader worker of this process is left (killed Ray actors linger a
     moment), so the next run's memory baseline and CPU are its own."""
-    import os
-
     from dpex.bench.memwatch import loader_pids
 
     deadline = time.monotonic() + timeout_s
