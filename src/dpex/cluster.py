@@ -8,8 +8,14 @@ Rules (the loader's ``head_address`` argument):
   ``ray start --head`` recorded); when none runs, start an embedded local Ray for this
   process. Another process's embedded Ray is never joined.
 * ``None``: always start the embedded local Ray (never join).
-* An explicit ``"host:port"`` / ``"ray://host:port"``: check that it answers within a few
-  seconds, else raise ``ConnectionError`` naming the address.
+* An explicit ``"host:port"`` / ``"ray://host:port"``: join that cluster.
+
+Joining (``join``) works as Ray's own ``ray.init()`` does for a cluster it finds itself:
+with Ray 2.60's token authentication when the cluster wants it, the token found where Ray
+looks for it. Before ``ray.init`` (which would retry for 20 s and end with a generic message)
+dpex asks the cluster's GCS directly, and every failure is a ``ConnectionError`` within
+seconds naming the address and the cause: nothing listens there, the cluster wants a token
+this machine lacks or has wrong, or the cluster runs other Ray/Python versions.
 
 The embedded Ray has its dashboard off, is bound to loopback, and is stopped at exit.
 """
@@ -17,7 +23,6 @@ The embedded Ray has its dashboard off, is bound to loopback, and is stopped at 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import socket
@@ -26,6 +31,8 @@ import warnings
 from urllib.parse import urlparse
 
 import ray
+
+from dpex import ray_internals
 
 _lock = threading.Lock()
 _embedded_started = False
@@ -44,8 +51,7 @@ def ensure_ray(head_address: str | None = "auto") -> None:
         elif head_address == "auto":
             _join_or_start_embedded()
         else:
-            _check_reachable(head_address)
-            ray.init(address=head_address, logging_level=logging.WARNING, log_to_driver=True)
+            join(head_address)
 
 
 def owns_ray_session() -> bool:
@@ -53,17 +59,41 @@ def owns_ray_session() -> bool:
     return _embedded_started and ray.is_initialized()
 
 
+def join(address: str, **init_kwargs) -> None:
+    """Connect this process to the running cluster at ``address`` as a Ray driver.
+
+    Joins as Ray's own ``ray.init()`` does when it finds a local cluster: with token
+    authentication when the cluster wants it and this machine has the token (Ray's lookup:
+    ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``). Every failure is a
+    ``ConnectionError`` within seconds that names the address and says what to do.
+    ``init_kwargs`` go to ``ray.init``.
+    """
+    _check_reachable(address)
+    if not address.startswith("ray://"):  # a Ray Client server has no GCS to ask
+        _check_joinable(address)
+    ray.init(address=address, logging_level=logging.WARNING, **init_kwargs)
+
+
 def _join_or_start_embedded() -> None:
     env_address = os.environ.get("RAY_ADDRESS")
-    if env_address:
-        if env_address not in ("auto", "local"):
-            _check_reachable(env_address)
-        if env_address == "local":
-            _start_embedded()
-        else:
-            ray.init(address=env_address, logging_level=logging.WARNING)
-        return
-    recorded = _recorded_cluster_address()
+    if env_address == "local":
+        _start_embedded()
+    elif env_address and env_address != "auto":
+        join(env_address)
+    elif env_address == "auto":  # Ray's meaning: the cluster `ray start` recorded, or fail
+        recorded = ray_internals.recorded_cluster_address()
+        if not recorded:
+            raise ConnectionError(
+                "RAY_ADDRESS=auto, but no Ray cluster was started on this machine with "
+                "`ray start --head`: start one, or unset RAY_ADDRESS for an embedded local Ray"
+            )
+        join(recorded)
+    else:
+        _join_recorded_or_start_embedded()
+
+
+def _join_recorded_or_start_embedded() -> None:
+    recorded = ray_internals.recorded_cluster_address()
     if recorded:
         try:
             _check_reachable(recorded)
@@ -71,57 +101,28 @@ def _join_or_start_embedded() -> None:
             warnings.warn(
                 f"dpex: the Ray cluster recorded by `ray start` at {recorded} does not answer "
                 "(stale after a crash?); starting an embedded local Ray instead.",
-                stacklevel=4,
+                stacklevel=5,
             )
         else:
-            ray.init(address=recorded, logging_level=logging.WARNING)
+            join(recorded)
             return
     # Nothing running on this machine: the embedded, process-local Ray. Other processes'
     # embedded instances are deliberately not joined (Ray's legacy "auto" would grab one).
     _start_embedded()
 
 
-def _recorded_cluster_address() -> str | None:
-    """The address the last `ray start --head` on this machine recorded, if any.
-
-    Ray keeps this lookup private (``ray.init(address=None)`` uses it); isolated here.
-    """
-    from ray._private.utils import read_ray_address
-
-    return read_ray_address()
-
-
 def _start_embedded() -> None:
     global _embedded_started
-    with _loopback_only():
+    with ray_internals.loopback_only(), ray_internals.quiet_token_auth_banner():
         ray.init(
             address="local",
             include_dashboard=False,
             logging_level=logging.WARNING,
             # Workers import what the driver imports: keep the driver's path importable.
-            runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
+            runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}},
         )
     _embedded_started = True
     atexit.register(_stop_embedded)
-
-
-@contextlib.contextmanager
-def _loopback_only():
-    """Make ``ray.init`` bind every server of the new node to 127.0.0.1.
-
-    On Linux Ray resolves even ``_node_ip_address="127.0.0.1"`` to the routable address and
-    listens on all interfaces. Ray itself binds to loopback when its "clusters enabled" flag
-    is off (its macOS/Windows default), read at call time; a process-local Ray wants exactly
-    that. The one private Ray switch dpex touches, restored right after.
-    """
-    from ray._private import ray_constants
-
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _stop_embedded() -> None:
@@ -131,7 +132,7 @@ def _stop_embedded() -> None:
     _embedded_started = False
 
 
-def _driver_pythonpath() -> str:
+def driver_pythonpath() -> str:
     """The driver's import path, so actors can unpickle datasets defined in its modules."""
     import sys
 
@@ -148,10 +149,74 @@ def _check_reachable(address: str) -> None:
             pass
     except OSError as exc:
         raise ConnectionError(
-            f"dpex could not reach the Ray cluster at {address!r} ({exc}). "
-            "Start it with `ray start --head`, or pass head_address='auto' to use an "
-            "embedded local Ray."
+            f"dpex could not reach a Ray cluster at {address!r}: nothing answers there "
+            f"({exc}). Check the address, start a cluster with `ray start --head`, or pass "
+            "head_address=None for an embedded local Ray."
         ) from None
+
+
+def _check_joinable(address: str) -> None:
+    """Ask the cluster's GCS before ``ray.init`` does: token auth, then versions.
+
+    Token auth is turned on in this process only when the cluster wants it (a driver in
+    token mode cannot start actors on a cluster without auth), with the token Ray's own
+    lookup finds; ``ray.init()`` does the same for a cluster it finds itself.
+    """
+    try:
+        versions = _versions_with_token_if_needed(address)
+    except ray_internals.TokenRejected as exc:
+        raise _token_error(address, exc) from None
+    except ConnectionError as exc:
+        raise ConnectionError(
+            f"dpex could not join the Ray cluster at {address!r}: its GCS did not answer as "
+            f"Ray {ray.__version__} expects ({exc}). Is it a Ray cluster's address (the head "
+            "node's GCS port, 6379 by default)?"
+        ) from None
+    if versions:
+        _check_versions(address, versions)
+
+
+def _versions_with_token_if_needed(address: str) -> dict | None:
+    try:
+        return ray_internals.cluster_versions(address, None, CONNECT_TIMEOUT_S)
+    except ray_internals.TokenRejected:
+        token = ray_internals.find_token()
+        if token is None or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+            raise
+    versions = ray_internals.cluster_versions(address, token, CONNECT_TIMEOUT_S)
+    ray_internals.enable_token_auth()
+    return versions
+
+
+def _token_error(address: str, cause: Exception) -> ConnectionError:
+    where = ray_internals.token_source()
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        fix = ("RAY_AUTH_MODE=disabled in this environment turns token authentication off; "
+               "unset it.")
+    elif ray_internals.find_token() is None:
+        fix = (f"this machine has no Ray token: Ray looks in RAY_AUTH_TOKEN, then the file "
+               f"RAY_AUTH_TOKEN_PATH names, then ~/.ray/auth_token. Copy the cluster's token "
+               f"(`ray get-auth-token` on its head node) to {where}.")
+    else:
+        fix = (f"it refused the token from {where}, which belongs to another cluster. Copy "
+               "the cluster's token (`ray get-auth-token` on its head node) there.")
+    return ConnectionError(
+        f"dpex could not join the Ray cluster at {address!r}: the cluster requires token "
+        f"authentication, and {fix} (Ray said: {str(cause).split('. ')[0]}.)"
+    )
+
+
+def _check_versions(address: str, versions: dict) -> None:
+    theirs = versions.get("ray_version"), versions.get("python_version")
+    ours = ray_internals.driver_versions()
+    if theirs != ours:
+        raise ConnectionError(
+            f"dpex could not join the Ray cluster at {address!r}: it runs Ray {theirs[0]} on "
+            f"Python {theirs[1]}, and this process has Ray {ours[0]} on Python {ours[1]}. Ray "
+            f"needs the same versions on every node and driver: run this script with Ray "
+            f"{theirs[0]} and Python {theirs[1]}, or restart the cluster with this "
+            "environment's Ray."
+        )
 
 
 def _host_port(address: str) -> tuple[str, int]:

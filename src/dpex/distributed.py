@@ -32,7 +32,7 @@ Token authentication (Ray 2.60)
   is enabled for this Ray cluster") and keeps the token in ``~/.ray/auth_token``. A process
   joining with an explicit address does *not* turn auth on by itself, and fails with
   "Authentication token is missing or incorrect". So rank 0 sends the token along, and each
-  joining rank adopts it before ``ray.init`` (see ``_adopt_token``). The token travels over
+  joining rank adopts it before ``ray.init`` (``ray_internals.enable_token_auth``). The token travels over
   the process group's connections: whoever can reach those can already run code in every
   rank (``broadcast_object_list`` unpickles), so this exposes nothing new.
 
@@ -57,16 +57,12 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ray
 import torch.distributed as dist
 
-from dpex.cluster import ensure_ray, owns_ray_session
-
-# dpex.cluster's private helpers: joining rank 0's embedded Ray must follow the same rules
-# (loopback, import path) that starting it did.
-from dpex.cluster import _check_reachable, _driver_pythonpath, _loopback_only
+from dpex import ray_internals
+from dpex.cluster import driver_pythonpath, ensure_ray, join, owns_ray_session
 
 __all__ = ["init_ray_for_ranks", "ray_for_ranks", "shutdown_ray_for_ranks"]
 
@@ -190,7 +186,7 @@ def _connect_as_source(head_address: str | None) -> _ClusterInfo:
             embedded=owns_ray_session(),
             node_ip=node_ip,
             hostname=socket.gethostname(),
-            auth_token=_current_token(),
+            auth_token=ray_internals.current_token(),
         )
     except Exception as exc:  # shared, so the other ranks fail too instead of waiting
         return _ClusterInfo(error=f"{type(exc).__name__}: {exc}")
@@ -213,23 +209,20 @@ def _join(info: _ClusterInfo, rank: int) -> None:
             "start a cluster first (`ray start --head` on one machine, `ray start "
             "--address=HEAD:6379` on the others) and launch torchrun after it."
         )
-    # Ray's own connect retries for minutes when nothing answers: fail fast instead.
-    _check_reachable(info.address)
     if info.auth_token is not None:
-        _adopt_token(info.auth_token)
+        ray_internals.enable_token_auth(info.auth_token)
     if not info.embedded:
-        ray.init(address=info.address, logging_level=logging.WARNING)
+        join(info.address)
         return
     # Rank 0's embedded Ray listens on loopback only. Ray (with its clusters flag on, the
     # Linux default) would rewrite 127.0.0.1 into this machine's routable IP, where nothing
     # listens; joining under the same switch the embedded start used keeps the address.
-    with _loopback_only():
-        ray.init(
-            address=info.address,
+    with ray_internals.loopback_only():
+        join(
+            info.address,
             _node_ip_address=info.node_ip,
-            logging_level=logging.WARNING,
             # As for rank 0's embedded Ray: actors import what this driver imports.
-            runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
+            runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}},
         )
 
 
@@ -239,33 +232,3 @@ def _disconnect() -> None:
     if _initialised_here and ray.is_initialized():
         ray.shutdown()
     _initialised_here = False
-
-
-def _current_token() -> str | None:
-    """This process's Ray auth token if token auth is on, found as Ray documents it."""
-    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
-        return None  # ray.init() sets RAY_AUTH_MODE=token when it turns auth on
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"].strip()
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _adopt_token(token: str) -> None:
-    """Make this process use token auth with ``token`` for its next ``ray.init``.
-
-    Setting ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN`` alone is not enough once ``ray`` is
-    imported: Ray caches its config and the token at import. Ray refreshes both the same way
-    when its own ``ray.init()`` turns auth on; these two private calls are the only way to do
-    it from here, and are kept to this one function.
-    """
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN"] = token
-    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()

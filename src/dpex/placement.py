@@ -10,7 +10,7 @@ replacement for a dead worker goes to a node that is alive right now.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,13 @@ class WorkerOptions:
             that says what was asked and what the cluster has.
         max_task_retries: how many times one batch may take its worker down before the loader
             gives up on it as a poison batch.
-        ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env``.
+        ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env`` (its
+            ``env_vars`` are merged with the ones dpex passes, not replaced).
+        ship_modules: which of your own modules travel to the workers with the dataset
+            (pickled by value, see ``dpex.user_code``): ``"auto"`` (default) ships the modules
+            imported here that are neither installed nor the standard library, whenever the
+            workers run on a cluster dpex did not start itself; a list of module names ships
+            those; ``None`` ships nothing (your code is installed on every node).
 
     Example:
         >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)
@@ -54,8 +60,14 @@ class WorkerOptions:
     start_timeout_s: float = 120.0
     max_task_retries: int = 3
     ray_options: Mapping[str, Any] = field(default_factory=dict)
+    ship_modules: str | Sequence[str] | None = "auto"
 
     def __post_init__(self) -> None:
+        if isinstance(self.ship_modules, str) and self.ship_modules != "auto":
+            raise ValueError(
+                f"ship_modules should be 'auto', a list of module names or None, "
+                f"got {self.ship_modules!r}"
+            )
         if self.num_cpus is not None and self.num_cpus < 0:
             raise ValueError(f"num_cpus should be non-negative, got {self.num_cpus}")
         if self.start_timeout_s <= 0:

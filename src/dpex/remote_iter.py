@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import re
 import threading
 import time
 import uuid
@@ -70,10 +71,11 @@ from ray.exceptions import (
 )
 
 from dpex import transport
-from dpex.cluster import ensure_ray
+from dpex.cluster import ensure_ray, owns_ray_session
 from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
+from dpex.user_code import missing_module_hint, ship_modules
 from dpex.worker import DATA, END, ERROR, TaskResult, Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -145,6 +147,7 @@ class _RayDataLoaderIter:
         self._shutdown = False
 
         ensure_ray(loader.head_address)
+        ship_modules(self._options.ship_modules, embedded=owns_ray_session())
         self._dataset_ref = ray.put(loader.dataset)
         self._config = WorkerConfig(
             num_workers=self._num_workers,
@@ -396,6 +399,10 @@ class _RayDataLoaderIter:
         except RayActorError as exc:
             if getattr(exc, "actor_init_failed", False):
                 self._shutdown_workers()
+                missing = re.search(r"No module named '([\w.]+)'", str(exc))
+                if missing:  # the user's code did not reach the worker's node
+                    raise ModuleNotFoundError(missing_module_hint(missing[1]),
+                                              name=missing[1]) from None
                 raise RuntimeError(f"dpex worker {slot.worker_id} failed to start: {exc}") from None
             self._recover(slot, exc)
         except ActorUnschedulableError as exc:
