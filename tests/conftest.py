@@ -12,6 +12,19 @@ import pytest
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SRC_DIR = os.path.join(os.path.dirname(TESTS_DIR), "src")
 
+# The environment of the shell that started pytest, taken before any Ray in this process
+# exports its own variables (a new local ray.init() sets RAY_AUTH_MODE=token): what a user's
+# terminal has. Subprocesses get this, never the test process's current environment.
+USER_SHELL_ENV = dict(os.environ)
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """A user's shell with this virtualenv activated (its bin/ first on PATH), plus ``extra``."""
+    env = {k: v for k, v in USER_SHELL_ENV.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
 
 def worker_env() -> dict:
     """runtime_env that lets Ray workers import the test helpers and the package."""

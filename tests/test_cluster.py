@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import SRC_DIR, TESTS_DIR, free_port
+from conftest import SRC_DIR, TESTS_DIR, free_port, user_env
 from helpers import alive_actor_count, wait_until
 
 PRELUDE = """
@@ -30,9 +30,6 @@ def run(**kw):
 """
 
 
-AUTH_ENV = ("HOME", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-
-
 def run_script(body: str, timeout: float = 120) -> list[dict]:
     """Run PRELUDE + body in a fresh interpreter; return the JSON lines it printed.
 
@@ -41,10 +38,7 @@ def run_script(body: str, timeout: float = 120) -> list[dict]:
     """
     code = PRELUDE + textwrap.dedent(body)
     ray_tmp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's socket paths
-    env = {"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin", "RAY_TMPDIR": ray_tmp}
-    # Ray's token auth, as a user's shell would carry it: once an earlier ray.init() in this
-    # test process turned auth on (it sets RAY_AUTH_MODE=token), clusters started here use it.
-    env.update({k: os.environ[k] for k in AUTH_ENV if k in os.environ})
+    env = user_env(PYTHONPATH=f"{TESTS_DIR}:{SRC_DIR}", RAY_TMPDIR=ray_tmp)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=TESTS_DIR)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from conftest import user_env
 from ddp_worker_script import BATCH_SIZE, EPOCHS, NUM_SAMPLES
 from helpers import assert_batches_equal
 
@@ -26,10 +27,9 @@ pytestmark = pytest.mark.ray
 
 
 def hermetic_env() -> dict[str, str]:
-    """This environment minus anything that would point Ray at another cluster."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    """A user's shell (no RAY_ADDRESS), with the test helpers importable."""
+    env = user_env(OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, TESTS_DIR, env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -121,20 +121,6 @@ def test_ray_client_address_is_refused_on_every_rank(one_rank_group, monkeypatch
     # Rank 0's error is broadcast, so every rank raises it (here the only one).
     with pytest.raises(RuntimeError, match="rank 0 could not connect.*Ray Client"):
         init_ray_for_ranks("auto")
-
-
-def test_token_found_as_ray_documents_it(monkeypatch, tmp_path):
-    from dpex.distributed import _current_token
-
-    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    assert _current_token() is None  # auth off: nothing to share
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    (tmp_path / "token").write_text("from-file\n")
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
-    assert _current_token() == "from-file"
-    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
-    assert _current_token() == "from-env"
 
 
 def test_cluster_info_never_shows_the_token():

@@ -21,6 +21,7 @@ EXAMPLES = os.path.join(REPO, "examples")
 TINY = ["--epochs=1", "--limit=96", "--batch-size=32", "--workers=2", "--head-address=embedded"]
 
 sys.path.insert(0, EXAMPLES)
+from conftest import user_env  # noqa: E402
 from accuracy_table import build_markdown, compare_modes  # noqa: E402
 from common.report import EpochLog, RunRecord  # noqa: E402
 
@@ -28,9 +29,7 @@ pytestmark = pytest.mark.ray
 
 
 def run(command: list[str], timeout: float = 240) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+    proc = subprocess.run(command, cwd=REPO, env=user_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
                           timeout=timeout)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{command} failed:\n{output[-6000:]}"

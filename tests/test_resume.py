@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 import dpex
-from conftest import SRC_DIR, TESTS_DIR
+from conftest import SRC_DIR, TESTS_DIR, user_env
 from helpers import AugmentedDataset, ShardedIterable, StatefulIterable, assert_batches_equal
 from resume_script import make_loader
 
@@ -42,7 +42,7 @@ def test_resume_in_a_fresh_process_matches_the_uninterrupted_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, f"{TESTS_DIR}/resume_script.py", "2", *jobs],
         capture_output=True, text=True, timeout=400,
-        env={"PYTHONPATH": f"{TESTS_DIR}:{SRC_DIR}", "PATH": "/usr/bin:/bin"})
+        env=user_env(PYTHONPATH=f"{TESTS_DIR}:{SRC_DIR}"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = {persistent: uninterrupted(persistent) for persistent in (False, True)}
     for mode, persistent in CASES:

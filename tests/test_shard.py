@@ -12,6 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import webdataset as wds
+
+from conftest import user_env
 from helpers import assert_batches_equal
 from shard_helpers import PairDataset, ToyDataset, assert_exactly_once
 
@@ -229,7 +231,7 @@ def test_cli_reports_bad_dataset_specs(tmp_path, capsys, argv, message):
 
 
 def test_dpex_shard_command_runs_as_a_program(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), *sys.path]))
+    env = user_env(PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), *sys.path]))
     result = subprocess.run(
         [sys.executable, "-m", "dpex", "shard", "shard_helpers:toy_dataset", str(tmp_path),
          "--format", "tar", "--samples-per-shard", "4"],

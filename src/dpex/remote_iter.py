@@ -317,7 +317,10 @@ class _RayDataLoaderIter:
             return False
         except (RayActorError, ObjectLostError) as exc:
             # The worker died, or its node did and took the result with it.
-            self._recover(self._calls[ref][0], exc)
+            slot = self._calls[ref][0]
+            if isinstance(exc, RayActorError):
+                self._raise_if_start_failed(slot, exc)
+            self._recover(slot, exc)
             return True
         except ActorUnschedulableError as exc:
             self._on_unschedulable(self._calls[ref][0], exc)
@@ -397,16 +400,21 @@ class _RayDataLoaderIter:
         try:
             slot.node_id, _pid = ray.get(ref)
         except RayActorError as exc:
-            if getattr(exc, "actor_init_failed", False):
-                self._shutdown_workers()
-                missing = re.search(r"No module named '([\w.]+)'", str(exc))
-                if missing:  # the user's code did not reach the worker's node
-                    raise ModuleNotFoundError(missing_module_hint(missing[1]),
-                                              name=missing[1]) from None
-                raise RuntimeError(f"dpex worker {slot.worker_id} failed to start: {exc}") from None
+            self._raise_if_start_failed(slot, exc)
             self._recover(slot, exc)
         except ActorUnschedulableError as exc:
             self._on_unschedulable(slot, exc)
+
+    def _raise_if_start_failed(self, slot: _WorkerSlot, exc: RayActorError) -> None:
+        """A worker whose constructor raised (it cannot unpickle the dataset, say) would fail
+        the same way again: stop, with the cause, instead of recovering."""
+        if not getattr(exc, "actor_init_failed", False):
+            return
+        self._shutdown_workers()
+        missing = re.search(r"No module named '([\w.]+)'", str(exc))
+        if missing:  # the user's code did not reach the worker's node
+            raise ModuleNotFoundError(missing_module_hint(missing[1]), name=missing[1]) from None
+        raise RuntimeError(f"dpex worker {slot.worker_id} failed to start: {exc}") from None
 
     def _on_unschedulable(self, slot: _WorkerSlot, exc: Exception) -> None:
         """Ray refused the placement: the node vanished (retry elsewhere) or can never fit."""

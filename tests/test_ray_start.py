@@ -1,0 +1,279 @@
+"""Clusters started the way users start them, joined the way users join them.
+
+A head from ``ray start --head`` (Ray's defaults: token authentication on, its address
+recorded for ``ray.init()``), a second node from ``ray start --address`` carrying a custom
+resource, each in its own process group and stopped by its id. The second node runs in a
+mount namespace in which the user's project directory is empty, as on another machine: its
+workers cannot import the project's modules from disk.
+
+The training code runs as a user runs it: ``python train.py`` (or ``torchrun``) in a fresh
+interpreter, from the project's directory, with a user's shell environment (nothing from
+this test process, no ``RAY_AUTH_*`` variable). The commands are the README's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from conftest import free_port, user_env
+
+pytestmark = pytest.mark.cluster
+
+BIN = os.path.dirname(sys.executable)
+RECORD = "/tmp/ray/ray_current_cluster"  # where `ray start` records the address (Ray's default)
+
+MYDATA = '''
+import torch
+
+class Squares(torch.utils.data.Dataset):
+    """A dataset defined in the user's project, not installed anywhere."""
+    def __init__(self, n):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        return torch.tensor([i * i])
+'''
+
+TRAIN = '''
+import argparse, json, time
+import dpex
+from mydata import Squares
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--head-address", default="auto")
+parser.add_argument("--far", action="store_true", help="workers only on the 'far' node")
+parser.add_argument("--no-ship", action="store_true")
+args = parser.parse_args()
+options = {}
+if args.far:
+    options["resources"] = {"far": 0.01}
+if args.no_ship:
+    options["ship_modules"] = None
+started = time.monotonic()
+loader = dpex.DataLoader(Squares(8), batch_size=2, num_workers=2, distribute_mode=True,
+                         head_address=args.head_address, worker_options=dpex.WorkerOptions(**options))
+try:
+    batches = [b.flatten().tolist() for b in loader]
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc),
+                      "seconds": time.monotonic() - started}))
+else:
+    print(json.dumps({"batches": batches, "nodes": sorted(loader.stats().per_node),
+                      "seconds": time.monotonic() - started}))
+'''
+
+TRAIN_DDP = '''
+import json, os
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+import ray, dpex
+from mydata import Squares
+
+dist.init_process_group("gloo")
+dataset = Squares(16)
+sampler = DistributedSampler(dataset, seed=0)
+loader = dpex.DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=2, distribute_mode=True)
+seen = [int(x) for batch in loader for x in batch.flatten()]
+with open(f"rank{dist.get_rank()}.json", "w") as f:
+    json.dump({"seen": seen, "gcs": ray.get_runtime_context().gcs_address,
+               "nodes": sorted(loader.stats().per_node)}, f)
+dist.destroy_process_group()
+'''
+
+EXPECTED = [[0, 1], [4, 9], [16, 25], [36, 49]]
+
+
+class RayStart:
+    """`ray start` processes, each in its own process group."""
+
+    def __init__(self) -> None:
+        self.groups: list[int] = []
+
+    def run(self, args: list[str], env: dict, wrap: list[str] = ()) -> None:
+        proc = subprocess.Popen([*wrap, os.path.join(BIN, "ray"), "start", *args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        self.groups.append(proc.pid)  # its daemons stay in the group it leads
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-2000:] + err[-3000:]
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for group in self.groups:
+                try:
+                    os.killpg(group, sig)
+                except ProcessLookupError:
+                    pass
+            time.sleep(2)
+
+
+def can_hide_directories() -> bool:
+    """A private mount namespace (root on Linux) stands in for another machine's disk."""
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    project = tmp_path_factory.mktemp("project")
+    for name, text in (("mydata.py", MYDATA), ("train.py", TRAIN), ("train_ddp.py", TRAIN_DDP)):
+        (project / name).write_text(textwrap.dedent(text))
+    previous_record = open(RECORD).read() if os.path.exists(RECORD) else None
+    env = user_env()
+    port = free_port()
+    # Ray's token auth: the first ray.init() on a machine makes a token; a machine that has
+    # never run one makes it so (`ray start --head` turns auth on when a token exists).
+    subprocess.run([os.path.join(BIN, "ray"), "get-auth-token", "--generate"], env=env,
+                   capture_output=True, check=True, timeout=60)
+    procs = RayStart()
+    hidden = can_hide_directories()
+    try:
+        procs.run(["--head", f"--port={port}", "--num-cpus=1",
+                   f"--ray-client-server-port={free_port()}",
+                   f"--dashboard-agent-listen-port={free_port()}"], env)
+        # A joining node turns token auth on itself (the README says so).
+        wrap = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs "{project}" && exec "$0" "$@"'
+                ] if hidden else []
+        procs.run([f"--address=127.0.0.1:{port}", "--num-cpus=1", '--resources={"far": 1}',
+                   f"--dashboard-agent-listen-port={free_port()}"],
+                  {**env, "RAY_AUTH_MODE": "token"}, wrap=wrap)
+        yield {"address": f"127.0.0.1:{port}", "project": project, "hidden": hidden}
+    finally:
+        procs.stop()
+        if previous_record is None:
+            if os.path.exists(RECORD):
+                os.remove(RECORD)
+        else:
+            with open(RECORD, "w") as f:
+                f.write(previous_record)
+
+
+def train(cluster, *args: str, **env: str) -> dict:
+    """``python train.py ARGS`` in the project directory, from a user's shell."""
+    proc = subprocess.run([os.path.join(BIN, "python"), "train.py", *args],
+                          cwd=cluster["project"], env=user_env(**env), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_ran_on_both_nodes(out: dict) -> None:
+    assert out.get("batches") == EXPECTED, out
+    assert len(out["nodes"]) == 2  # spread over the head and the second node
+
+
+def test_auto_joins_the_cluster_ray_start_recorded(cluster):
+    assert_ran_on_both_nodes(train(cluster))
+
+
+def test_ray_address_variable_joins(cluster):
+    assert_ran_on_both_nodes(train(cluster, RAY_ADDRESS=cluster["address"]))
+
+
+def test_explicit_address_joins(cluster):
+    assert_ran_on_both_nodes(train(cluster, f"--head-address={cluster['address']}"))
+
+
+def test_users_module_reaches_workers_on_a_node_without_the_project(cluster):
+    if not cluster["hidden"]:
+        pytest.skip("no private mount namespace here (unshare): cannot hide the project")
+    out = train(cluster, "--far")
+    assert out.get("batches") == EXPECTED, out
+    assert len(out["nodes"]) == 1  # only the node with the custom resource
+    # Without shipping, the far node cannot import it: an error that says what to do.
+    out = train(cluster, "--far", "--no-ship")
+    assert out["error"] == "ModuleNotFoundError", out
+    assert "'mydata'" in out["message"] and "ship_modules" in out["message"]
+
+
+def test_torchrun_ranks_share_the_cluster_through_ray_address(cluster):
+    project = cluster["project"]
+    proc = subprocess.run(
+        [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node=2", "train_ddp.py"],
+        cwd=project, env=user_env(RAY_ADDRESS=cluster["address"], OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    ranks = [json.loads((project / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(i * i for i in range(16))
+    assert ranks[0]["gcs"] == ranks[1]["gcs"]  # both ranks are drivers of the one cluster
+    assert all(len(r["nodes"]) == 2 for r in ranks)
+
+
+# ----------------------------------------------------------------------------- errors
+# Each failure is a ConnectionError naming the address, within seconds: Ray's own connect
+# retries for 20 s and ends with a generic message.
+
+
+def assert_fails_fast(out: dict, address: str, *phrases: str) -> None:
+    assert out.get("error") == "ConnectionError", out
+    assert address in out["message"], out
+    for phrase in phrases:
+        assert phrase in out["message"], out
+    assert out["seconds"] < 15, out  # not Ray's 20 s retry loop
+
+
+def test_nothing_listening(cluster):
+    address = f"127.0.0.1:{free_port()}"
+    assert_fails_fast(train(cluster, f"--head-address={address}"), address, "nothing answers")
+
+
+def test_machine_without_the_token(cluster, tmp_path):
+    out = train(cluster, f"--head-address={cluster['address']}", HOME=str(tmp_path))
+    assert_fails_fast(out, cluster["address"], "no Ray token", "ray get-auth-token",
+                      str(tmp_path / ".ray" / "auth_token"))
+
+
+def test_another_clusters_token(cluster):
+    out = train(cluster, f"--head-address={cluster['address']}", RAY_AUTH_TOKEN="not-the-token")
+    assert_fails_fast(out, cluster["address"], "refused the token", "RAY_AUTH_TOKEN")
+
+
+def other_python() -> str | None:
+    """A Python of the same minor version but another patch release, if the machine has one
+    (Debian's /usr/bin/python3 next to the virtualenv's): it can run this Ray's wheel."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (f"/usr/bin/python{version}", "/usr/bin/python3"):
+        if os.path.exists(candidate):
+            out = subprocess.run([candidate, "-c", "import platform; print(platform.python_version())"],
+                                 capture_output=True, text=True)
+            if out.returncode == 0 and out.stdout.strip().startswith(version + ".") \
+                    and out.stdout.strip() != sys.version.split()[0]:
+                return candidate
+    return None
+
+
+def test_cluster_of_another_python_version(cluster):
+    python = other_python()
+    if python is None:
+        pytest.skip("no second Python of this minor version to start a mismatched cluster")
+    import ray
+
+    site = os.path.dirname(os.path.dirname(ray.__file__))
+    port = free_port()
+    ray_tmp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's socket paths
+    env = user_env(PYTHONPATH=site, RAY_TMPDIR=ray_tmp)  # its own record, not the user's
+    procs = RayStart()
+    try:
+        procs.run(["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
+                   f"--ray-client-server-port={free_port()}",
+                   f"--dashboard-agent-listen-port={free_port()}"],
+                  env, wrap=[python, "-c", "import sys; sys.argv = sys.argv[1:]; "
+                             "from ray.scripts.scripts import main; main()"])
+        address = f"127.0.0.1:{port}"
+        out = train(cluster, f"--head-address={address}")
+        assert_fails_fast(out, address, "on Python", "same versions")
+    finally:
+        procs.stop()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
