@@ -30,8 +30,9 @@ def run(**kw):
 """
 
 
-def run_script(body: str, timeout: float = 120) -> list[dict]:
-    """Run PRELUDE + body in a fresh interpreter; return the JSON lines it printed.
+def run_script(body: str, timeout: float = 120, stderr: list | None = None) -> list[dict]:
+    """Run PRELUDE + body in a fresh interpreter; return the JSON lines it printed (and
+    append what it wrote to stderr to ``stderr``, if given).
 
     Its Ray temp dir is its own, so no cluster another test recorded there is in sight
     (as on a fresh machine).
@@ -42,22 +43,29 @@ def run_script(body: str, timeout: float = 120) -> list[dict]:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=TESTS_DIR)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(proc.stderr)
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_exit():
+    stderr = []
     out = run_script("""
         batches = run()
         second = run()  # a second loader shares the same session
         node = ray.nodes()[0]
+        from dpex import ray_internals
         print(json.dumps({"batches": batches, "same": batches == second,
                           "owns": cluster.owns_ray_session(),
                           "ip": node["NodeManagerAddress"],
-                          "dashboard": ray._private.worker.get_dashboard_url()}))
-    """)
+                          "dashboard": ray._private.worker.get_dashboard_url(),
+                          "token_auth": ray_internals.token_auth_enabled()}))
+    """, stderr=stderr)
     assert out[0]["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and out[0]["same"]
     assert out[0]["owns"] and out[0]["ip"] == "127.0.0.1"
     assert not out[0]["dashboard"]
+    # Quiet, and still protected: no banner about token auth, which stays on.
+    assert out[0]["token_auth"] and "Token authentication" not in stderr[0], stderr[0]
     assert out[1] == {"ray_up_at_exit": False}
 
 

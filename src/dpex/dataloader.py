@@ -40,10 +40,11 @@ class DataLoader(torch.utils.data.DataLoader):
         distribute_mode: run the ``num_workers`` workers as Ray actors spread over the Ray
             cluster (True), or as torch's local processes (False, the default).
         head_address: the Ray cluster to use. ``"auto"`` (default) joins the cluster this
-            machine belongs to (``ray start --head`` or ``RAY_ADDRESS``) and otherwise starts
+            machine belongs to (``ray start`` or ``RAY_ADDRESS``) and otherwise starts
             an embedded local Ray; ``None`` always starts the embedded one; ``"host:port"``
-            joins that cluster and fails fast with ``ConnectionError`` if it cannot be
-            reached. A session the user opened with ``ray.init()`` is always used as is.
+            joins that cluster. Joining uses Ray's token auth as ``ray.init()`` does, and
+            fails within seconds with a ``ConnectionError`` naming the address and the
+            cause. A session the user opened with ``ray.init()`` is always used as is.
         worker_options: Ray resources and placement of the workers (``dpex.WorkerOptions``).
 
     Example:
