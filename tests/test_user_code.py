@@ -1,8 +1,10 @@
-"""dpex.user_code: which modules count as the user's own, and that a registered module's
-classes unpickle where the module does not exist (a fresh interpreter in another directory)."""
+"""dpex.user_code: which modules count as the user's own, and that an object wrapped with
+their sources unpickles, by reference, in a process that cannot import them (a fresh
+interpreter in another directory), with one real module shared by everything that uses it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -12,47 +14,52 @@ from conftest import user_env
 PROJECT_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import mydata, json as _json, torch, dpex
+import mypkg.data, mydata, torch, dpex
 from dpex import user_code
-roots = user_code.user_module_roots()
-print(json.dumps({"roots": sorted(roots),
-                  "embedded": user_code.ship_modules("auto", embedded=True),
-                  "joined": user_code.ship_modules("auto", embedded=False)}))
 import ray.cloudpickle
-sys.stdout.buffer.write(b"PICKLE:" + ray.cloudpickle.dumps(mydata.Squares(3)).hex().encode() + b"\\n")
+bundle = user_code.bundle_for("auto", embedded=False)
+print(json.dumps({"roots": sorted(user_code.user_module_roots()), "shipped": sorted(bundle),
+                  "embedded": user_code.bundle_for("auto", embedded=True)}))
+both = (mydata.Squares(3), mydata.set_offset)
+print("PICKLE:" + ray.cloudpickle.dumps(user_code.wrap(both, bundle)).hex())
 """
 
 LOAD_SCRIPT = """
 import sys, ray.cloudpickle
-data = bytes.fromhex(sys.stdin.read())
-ds = ray.cloudpickle.loads(data)
-print(type(ds).__name__, [int(ds[i]) for i in range(len(ds))])
+from dpex import user_code
+dataset, set_offset = user_code.unwrap(ray.cloudpickle.loads(bytes.fromhex(sys.stdin.read())))
+set_offset(10)  # a worker_init_fn-like function sets a module global the dataset reads
+import mydata, mypkg.data
+print(type(dataset).__module__, [dataset[i] for i in range(len(dataset))],
+      type(dataset) is mydata.Squares, mypkg.data.VALUE)
 """
 
 
-def test_the_projects_modules_are_shipped_by_value_and_load_elsewhere(tmp_path):
+def test_shipped_sources_import_for_real_where_the_project_is_not(tmp_path):
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
-    project.mkdir(), elsewhere.mkdir()
+    (project / "mypkg").mkdir(parents=True), elsewhere.mkdir()
     (project / "mydata.py").write_text(textwrap.dedent("""
+        OFFSET = 0
+        def set_offset(value):
+            global OFFSET
+            OFFSET = value
         class Squares:
             def __init__(self, n): self.n = n
             def __len__(self): return self.n
-            def __getitem__(self, i): return i * i
+            def __getitem__(self, i): return i * i + OFFSET
     """))
+    (project / "mypkg" / "__init__.py").write_text("")
+    (project / "mypkg" / "data.py").write_text("VALUE = 7\n")
     proc = subprocess.run([sys.executable, "-c", PROJECT_SCRIPT, str(project)], cwd=elsewhere,
                           env=user_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    import json
-
-    info = json.loads(lines[0])
-    assert "mydata" in info["roots"]
+    info = json.loads(proc.stdout.splitlines()[0])
+    assert {"mydata", "mypkg"} <= set(info["roots"])
     assert not {"dpex", "torch", "json", "ray", "numpy"} & set(info["roots"])  # installed / stdlib
-    assert info["embedded"] == []  # the embedded Ray's workers import by path
-    assert "mydata" in info["joined"]
-    pickled = next(line for line in lines if line.startswith("PICKLE:"))[len("PICKLE:"):]
-    # A process that cannot import mydata (another directory, no sys.path entry) loads it.
+    assert {"mydata", "mypkg", "mypkg.data"} <= set(info["shipped"])
+    assert info["embedded"] == {}  # the embedded Ray's workers import by path
+    pickled = proc.stdout.splitlines()[1][len("PICKLE:"):]
     load = subprocess.run([sys.executable, "-c", LOAD_SCRIPT], cwd=elsewhere, input=pickled,
                           env=user_env(), capture_output=True, text=True, timeout=120)
     assert load.returncode == 0, load.stderr[-3000:]
-    assert load.stdout.strip() == "Squares [0, 1, 4]"
+    assert load.stdout.split() == ["mydata", "[10,", "11,", "14]", "True", "7"]

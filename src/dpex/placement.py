@@ -40,11 +40,12 @@ class WorkerOptions:
             gives up on it as a poison batch.
         ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env`` (its
             ``env_vars`` are merged with the ones dpex passes, not replaced).
-        ship_modules: which of your own modules travel to the workers with the dataset
-            (pickled by value, see ``dpex.user_code``): ``"auto"`` (default) ships the modules
-            imported here that are neither installed nor the standard library, whenever the
-            workers run on a cluster dpex did not start itself; a list of module names ships
-            those; ``None`` ships nothing (your code is installed on every node).
+        ship_modules: which of your own modules' sources travel to the workers with the
+            dataset, for nodes that cannot import them (see ``dpex.user_code``): ``"auto"``
+            (default) ships the modules imported here that are neither installed nor the
+            standard library, whenever the workers run on a cluster dpex did not start
+            itself; a list of module names ships those; ``None`` ships nothing (your code is
+            installed on every node).
 
     Example:
         >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)

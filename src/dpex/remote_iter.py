@@ -70,12 +70,11 @@ from ray.exceptions import (
     RayActorError,
 )
 
-from dpex import transport
+from dpex import transport, user_code
 from dpex.cluster import ensure_ray, owns_ray_session
 from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
-from dpex.user_code import missing_module_hint, ship_modules
 from dpex.worker import DATA, END, ERROR, TaskResult, Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -147,9 +146,10 @@ class _RayDataLoaderIter:
         self._shutdown = False
 
         ensure_ray(loader.head_address)
-        ship_modules(self._options.ship_modules, embedded=owns_ray_session())
-        self._dataset_ref = ray.put(loader.dataset)
-        self._config = WorkerConfig(
+        # The user's own modules travel with what needs them (see dpex.user_code).
+        code = user_code.bundle_for(self._options.ship_modules, embedded=owns_ray_session())
+        self._dataset_ref = ray.put(user_code.wrap(loader.dataset, code))
+        self._config = user_code.wrap(WorkerConfig(
             num_workers=self._num_workers,
             base_seed=self._base_seed,
             is_iterable=self._is_iterable,
@@ -157,7 +157,7 @@ class _RayDataLoaderIter:
             collate_fn=loader.collate_fn,
             drop_last=loader.drop_last,
             worker_init_fn=loader.worker_init_fn,
-        )
+        ), code)
         self._picker = NodePicker(self._options)
         self._id = uuid.uuid4().hex[:8]
         self._slots = [_WorkerSlot(i) for i in range(self._num_workers)]
@@ -413,7 +413,8 @@ class _RayDataLoaderIter:
         self._shutdown_workers()
         missing = re.search(r"No module named '([\w.]+)'", str(exc))
         if missing:  # the user's code did not reach the worker's node
-            raise ModuleNotFoundError(missing_module_hint(missing[1]), name=missing[1]) from None
+            raise ModuleNotFoundError(user_code.missing_module_hint(missing[1]),
+                                      name=missing[1]) from None
         raise RuntimeError(f"dpex worker {slot.worker_id} failed to start: {exc}") from None
 
     def _on_unschedulable(self, slot: _WorkerSlot, exc: Exception) -> None:

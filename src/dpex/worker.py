@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dpex import transport
+from dpex import transport, user_code
 from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
 from dpex.resume import WorkerPosition, dataset_state, restore_position
@@ -70,6 +70,8 @@ class Worker:
         replay: index batches to re-read and drop after ``resume`` (an IterableDataset
             replica without ``state_dict`` cannot seek, so a replacement re-reads them).
         """
+        # Both arrive wrapped with the user's module sources when those are shipped.
+        dataset, config = user_code.unwrap(dataset), user_code.unwrap(config)
         # torch's workers run single-threaded so N workers do not oversubscribe the cores.
         torch.set_num_threads(1)
         self.dataset = dataset
