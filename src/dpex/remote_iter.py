@@ -70,10 +70,10 @@ from ray.exceptions import (
 )
 
 from dpex import transport
-from dpex.cluster import ensure_ray
 from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
+from dpex.shared_ray import connect
 from dpex.worker import DATA, END, ERROR, TaskResult, Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class _RayDataLoaderIter:
             self._base_seed = draw_base_seed(self._generator)
         self._shutdown = False
 
-        ensure_ray(loader.head_address)
+        connect(loader.head_address)  # under torch.distributed, the ranks share one Ray
         self._dataset_ref = ray.put(loader.dataset)
         self._config = WorkerConfig(
             num_workers=self._num_workers,
