@@ -30,7 +30,6 @@ def make_loader(dataset, sampler, rank: int, distribute_mode: bool) -> dpex.Data
     return dpex.DataLoader(
         dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=2,
         generator=torch.Generator().manual_seed(100 + rank), distribute_mode=distribute_mode,
-        multiprocessing_context="forkserver",  # torch's mode in a process that runs Ray
         head_address=None,  # rank 0's embedded Ray, never a cluster recorded on this machine
     )
 
@@ -48,6 +47,7 @@ def main(out_dir: str) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dataset = AugmentedDataset(NUM_SAMPLES)
     sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=7)
+    # torch's mode first: its workers fork before Ray runs in this process.
     local = read(make_loader(dataset, sampler, rank, False), sampler, range(EPOCHS))
     local_late = read(make_loader(dataset, sampler, rank, False), sampler, [EPOCHS])
     if rank == 0:
