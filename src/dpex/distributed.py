@@ -47,6 +47,38 @@ Clean end
 Failures during setup
   If rank 0 cannot connect, it still broadcasts (the error) so that the other ranks raise
   too, instead of waiting in the broadcast until the process group's timeout.
+
+The automatic form (``dpex.shared_ray``): DDP with no Ray code
+  A distributed loader that first needs Ray, in a job whose default process group has 2 or
+  more ranks, calls ``shared_ray.connect`` instead of ``ensure_ray``. No collective: ranks
+  build loaders at different moments and in different numbers (train on every rank,
+  validation on rank 0 only), so a broadcast or barrier there could deadlock. Instead the
+  process group's key-value store (the rendezvous every rank already reached):
+    * rank 0's first distributed loader connects exactly as step 1 above, and sets the key
+      ``dpex/ray/cluster`` to the same ``_ClusterInfo`` (JSON; the error if it failed).
+      Rank 0 publishes even when it already had a session (``ray.init``, or
+      ``ray_for_ranks``), so its peers may leave Ray to dpex.
+    * another rank with no Ray session adds 1 to ``dpex/ray/joined``, waits for the key
+      (``WAIT_FOR_RANK0_S``, then a ``RuntimeError`` saying what rank 0 must do), and joins
+      as step 3 above. At its exit (atexit) it disconnects (Ray kills its workers) and then
+      adds 1 to ``dpex/ray/left``; a rank that fails to join adds 1 there at once. An
+      explicit ``head_address="host:port"`` on that rank is joined directly instead.
+  Who stops rank 0's embedded Ray, and when. It stops when rank 0's interpreter exits
+  (``dpex.cluster``'s atexit hook), which may be long before another rank is done (rank 1
+  may still be finishing an epoch, or its own validation). So rank 0 registers one more
+  atexit hook when it publishes its embedded Ray, which runs before the stop (atexit is
+  last in, first out): it overwrites the key with a "rank 0 has finished" error, reads
+  ``joined``, and waits until ``left`` reaches it (at most ``WAIT_FOR_OTHER_RANKS_S``; it
+  stops waiting at once if the store is gone, i.e. the job is being torn down). The store
+  is one server, so its operations are ordered: a rank that counted itself in ``joined``
+  before rank 0 read it is waited for; one that counts itself later reads the key after
+  it was overwritten and fails with that error, instead of joining a cluster about to go.
+  Each side holds its own reference to the store, so ``destroy_process_group()`` before
+  exit does not take it away. A ``ray start`` cluster is not rank 0's to stop, so then
+  rank 0 just disconnects and nobody waits. A rank killed with SIGKILL never adds to
+  ``left``: rank 0 then waits out ``WAIT_FOR_OTHER_RANKS_S`` (torchrun tears the job down
+  earlier: its SIGTERM skips atexit). ``ray_for_ranks()`` remains the explicit form, with
+  the collective shutdown above; ranks it connected never wait for the key.
 """
 
 from __future__ import annotations

@@ -71,10 +71,11 @@ from ray.exceptions import (
 )
 
 from dpex import transport, user_code
-from dpex.cluster import ensure_ray, owns_ray_session
+from dpex.cluster import owns_ray_session
 from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
+from dpex.shared_ray import connect
 from dpex.worker import DATA, END, ERROR, TaskResult, Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class _RayDataLoaderIter:
             self._base_seed = draw_base_seed(self._generator)
         self._shutdown = False
 
-        ensure_ray(loader.head_address)
+        connect(loader.head_address)  # under torch.distributed, the ranks share one Ray
         # The user's own modules travel with what needs them (see dpex.user_code).
         code = user_code.bundle_for(self._options.ship_modules, embedded=owns_ray_session())
         self._dataset_ref = ray.put(user_code.wrap(loader.dataset, code))

@@ -1,0 +1,121 @@
+"""HF accelerate: prepared dpex loaders keep loading on Ray.
+
+``accelerate.Accelerator.prepare(loader)`` rebuilds every DataLoader as its own
+``DataLoaderShard`` around a new ``torch.utils.data.DataLoader`` built from torch's
+constructor arguments only, so a dpex loader silently becomes torch's. accelerate offers no
+hook for the class it builds. Here, after accelerate has prepared a loader its own way
+(sharding across processes, device placement, RNG synchronisation), the torch loader
+inside the prepared one (its public ``base_dataloader``) is replaced by a dpex loader built
+from exactly the same arguments plus the original's ``distribute_mode``, ``head_address``
+and ``worker_options``. Everything accelerate does around it stays accelerate's:
+
+* ``Accelerator``: accelerate's, with ``prepare_data_loader`` (so ``prepare``) and
+  ``skip_first_batches`` keeping dpex loaders dpex's;
+* ``prepare(accelerator, *objects)``: the same for an Accelerator created elsewhere.
+
+The prepared loader's ``state_dict()`` / ``load_state_dict()`` are dpex's (accelerate keeps
+the state of the batches handed out, one batch behind its look-ahead), so a mid-epoch
+resume is bitwise. A result dpex cannot reach inside (accelerate's XLA wrapper) falls back
+to torch's loader, with one warning saying so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import accelerate
+import torch.utils.data
+from accelerate.data_loader import DataLoaderAdapter
+from torch.utils.data import IterableDataset
+
+from dpex.dataloader import DataLoader as DpexDataLoader
+
+__all__ = ["Accelerator", "prepare"]
+
+_warned = False
+
+
+class Accelerator(accelerate.Accelerator):
+    """``accelerate.Accelerator`` whose prepared dpex loaders still load on Ray.
+
+    Takes accelerate's arguments. Loaders that are not dpex loaders are prepared exactly as
+    accelerate prepares them.
+
+    Example:
+        >>> from dpex.integrations.accelerate import Accelerator  # doctest: +SKIP
+        >>> accelerator = Accelerator()  # doctest: +SKIP
+        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # doctest: +SKIP
+    """
+
+    def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
+        prepared = super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
+        return keep_on_ray(prepared, data_loader)
+
+    def skip_first_batches(self, dataloader, num_batches: int = 0):
+        skipped = super().skip_first_batches(dataloader, num_batches)
+        return keep_on_ray(skipped, getattr(dataloader, "base_dataloader", dataloader))
+
+
+def prepare(accelerator: accelerate.Accelerator, *objects: Any) -> Any:
+    """``accelerator.prepare(*objects)``, with dpex loaders kept on Ray.
+
+    For an Accelerator you did not create (a framework's). Returns what
+    ``accelerator.prepare`` returns: one object, or a tuple in the order given.
+    """
+    prepared = accelerator.prepare(*objects)
+    results = prepared if len(objects) > 1 else (prepared,)
+    kept = tuple(keep_on_ray(p, o) for p, o in zip(results, objects))
+    return kept if len(objects) > 1 else kept[0]
+
+
+def keep_on_ray(prepared: Any, original: Any) -> Any:
+    """Put the dpex loader ``original`` back inside accelerate's ``prepared`` loader.
+
+    ``prepared`` is returned as is when ``original`` is not a dpex loader.
+    """
+    if not isinstance(original, DpexDataLoader) or prepared is original:
+        return prepared
+    if isinstance(prepared, DataLoaderAdapter):  # DataLoaderShard, DataLoaderDispatcher, ...
+        prepared.base_dataloader = _dpex_like(prepared.base_dataloader, original)
+        if hasattr(prepared, "dl_state_dict"):
+            prepared.dl_state_dict = prepared.base_dataloader.state_dict()
+        return prepared
+    if type(prepared) is torch.utils.data.DataLoader:  # skip_first_batches of a plain loader
+        return _dpex_like(prepared, original)
+    _warn_fallback(prepared)
+    return prepared
+
+
+def _dpex_like(base: torch.utils.data.DataLoader, original: DpexDataLoader) -> DpexDataLoader:
+    """A dpex loader built as accelerate built ``base``, with ``original``'s dpex options."""
+    kwargs: dict[str, Any] = dict(
+        num_workers=base.num_workers, collate_fn=base.collate_fn, pin_memory=base.pin_memory,
+        timeout=base.timeout, worker_init_fn=base.worker_init_fn,
+        multiprocessing_context=base.multiprocessing_context, generator=base.generator,
+        prefetch_factor=base.prefetch_factor, persistent_workers=base.persistent_workers,
+        pin_memory_device=base.pin_memory_device, in_order=base.in_order,
+        distribute_mode=original.distribute_mode, head_address=original.head_address,
+        worker_options=original.worker_options,
+    )
+    # torch keeps what it was given apart from what it derived: rebuild from the former.
+    if isinstance(base.dataset, IterableDataset):
+        kwargs.update(batch_size=base.batch_size, drop_last=base.drop_last)
+    elif base.batch_sampler is None or base.batch_size is not None:
+        kwargs.update(sampler=base.sampler, batch_size=base.batch_size, drop_last=base.drop_last)
+    else:
+        kwargs.update(batch_sampler=base.batch_sampler)
+    return DpexDataLoader(base.dataset, **kwargs)
+
+
+def _warn_fallback(prepared: Any) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    warnings.warn(
+        f"dpex: accelerate returned a {type(prepared).__name__}, inside which dpex cannot put "
+        "its loader back: this loader now runs torch's worker processes, not Ray actors. "
+        "Iterate the dpex loader yourself (with a DistributedSampler) for Ray workers.",
+        stacklevel=3,
+    )

@@ -1,0 +1,66 @@
+"""tests/test_accelerate.py's job: accelerate's prepared loaders, torch's and dpex's, in 1
+process (``python``) or 2 (``torchrun`` with gloo); no Ray code. Each process saves what it
+saw to ``<out_dir>/rank<r>.pt``.
+
+    torchrun --standalone --nproc_per_node=2 tests/accelerate_script.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+
+import ray
+import torch
+
+import dpex
+from dpex.integrations.accelerate import Accelerator
+from helpers import AugmentedDataset
+
+NUM_SAMPLES = 32  # 4 batches per process per epoch with 2 processes
+EPOCHS = 2
+HEAD = 2  # batches read before the mid-epoch state is saved
+
+
+def make(cls, **dpex_kwargs):
+    return cls(AugmentedDataset(NUM_SAMPLES), batch_size=4, shuffle=True, num_workers=2,
+               generator=torch.Generator().manual_seed(0), **dpex_kwargs)
+
+
+def read(accelerator, prepared) -> dict:
+    """EPOCHS epochs, then the next one without its first batch (skip_first_batches)."""
+    epochs = [list(prepared) for _ in range(EPOCHS)]
+    skipping = accelerator.skip_first_batches(prepared, 1)
+    return {"epochs": epochs, "skipped": list(skipping), "skipping_on_ray": on_ray(skipping)}
+
+
+def on_ray(prepared) -> bool:
+    base = prepared.base_dataloader
+    return type(base) is dpex.DataLoader and base.distribute_mode and bool(base.stats().per_node)
+
+
+def main(out_dir: str) -> None:
+    accelerator = Accelerator(cpu=True)
+    # torch's loader first: its workers fork before Ray runs in this process.
+    expected = read(accelerator, accelerator.prepare(make(torch.utils.data.DataLoader)))
+    dpex_kwargs = {"distribute_mode": True, "head_address": None}  # None: the embedded Ray
+    prepared = accelerator.prepare(make(dpex.DataLoader, **dpex_kwargs))
+    got = read(accelerator, prepared)
+    # accelerate's state_dict of a prepared loader, saved mid-epoch and loaded into a new one.
+    interrupted = accelerator.prepare(make(dpex.DataLoader, **dpex_kwargs))
+    batches = iter(interrupted)
+    head = [next(batches) for _ in range(HEAD)]
+    state = interrupted.state_dict()
+    del batches
+    resumed = accelerator.prepare(make(dpex.DataLoader, **dpex_kwargs))
+    resumed.load_state_dict(state)
+    record = {
+        "expected": expected, "got": got, "head": head, "rest": list(resumed),
+        "on_ray": [on_ray(prepared), got["skipping_on_ray"], on_ray(resumed)],
+        "device": str(got["epochs"][0][0]["x"].device),
+        "gcs": ray.get_runtime_context().gcs_address,
+    }
+    torch.save(record, f"{out_dir}/rank{accelerator.process_index}.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

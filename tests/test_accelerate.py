@@ -1,0 +1,71 @@
+"""HF accelerate: ``dpex.integrations.accelerate.Accelerator().prepare(loader)`` keeps a dpex
+loader on Ray, with accelerate's sharding, device placement, ``skip_first_batches`` and
+``state_dict``; batches bitwise those of torch's loader prepared the same way, in 1 process
+and in 2 (torchrun, gloo)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("accelerate")
+
+from accelerate_script import EPOCHS, HEAD, NUM_SAMPLES  # noqa: E402
+from helpers import RangeDataset, assert_batches_equal  # noqa: E402
+from test_ddp import TESTS_DIR, hermetic_env  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
+def ranks(request, tmp_path_factory) -> list[dict]:
+    processes = request.param
+    out = tmp_path_factory.mktemp(f"accelerate{processes}")
+    script = f"{TESTS_DIR}/accelerate_script.py"
+    launcher = ([] if processes == 1 else
+                ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"])
+    proc = subprocess.run([sys.executable, *launcher, script, str(out)], env=hermetic_env(),
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return [torch.load(out / f"rank{r}.pt") for r in range(processes)]
+
+
+def test_prepared_skipped_and_resumed_loaders_load_on_one_ray(ranks):
+    for r in ranks:
+        assert r["on_ray"] == [True, True, True]
+        assert r["device"] == "cpu"  # accelerate's device placement ran on the batches
+    assert len({r["gcs"] for r in ranks}) == 1
+
+
+def test_bitwise_as_torch_prepared_the_same_way(ranks):
+    for r in ranks:
+        for epoch in range(EPOCHS):
+            assert_batches_equal(r["expected"]["epochs"][epoch], r["got"]["epochs"][epoch])
+        assert_batches_equal(r["expected"]["skipped"], r["got"]["skipped"], "skip_first_batches")
+    for epoch in range(EPOCHS):  # accelerate's sharding: every sample once across processes
+        seen = [int(i) for r in ranks for b in r["got"]["epochs"][epoch] for i in b["y"]]
+        assert sorted(seen) == list(range(NUM_SAMPLES))
+
+
+def test_state_dict_resumes_mid_epoch_bitwise(ranks):
+    for r in ranks:
+        first_epoch = r["expected"]["epochs"][0]
+        assert_batches_equal(first_epoch[:HEAD], r["head"])
+        assert_batches_equal(first_epoch[HEAD:], r["rest"], "resumed")
+
+
+def test_a_result_dpex_cannot_reach_inside_warns_once():
+    """accelerate's XLA wrapper (no TPU here): any object that is not accelerate's adapter."""
+    import dpex
+    from dpex.integrations import accelerate as integration
+
+    loader = dpex.DataLoader(RangeDataset(4), num_workers=1, distribute_mode=True)
+    with pytest.warns(UserWarning, match="torch's worker processes"):
+        integration.keep_on_ray(object(), loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        integration.keep_on_ray(object(), loader)

@@ -1,0 +1,78 @@
+"""DDP with no Ray code: the ranks' loaders share rank 0's Ray through the process group's
+store (dpex.shared_ray), whatever the order and number of loaders per rank."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_auto_script import EPOCHS, NUM_SAMPLES
+from helpers import assert_batches_equal
+from test_ddp import TESTS_DIR, hermetic_env
+
+pytestmark = pytest.mark.ray
+WORLD_SIZE = 2
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("ddp_auto")
+    script = f"{TESTS_DIR}/ddp_auto_script.py"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={WORLD_SIZE}", script, str(out)]
+    proc = subprocess.run(command, env=hermetic_env(), capture_output=True, text=True,
+                          timeout=280)
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+
+
+def test_ranks_share_rank0_cluster(ranks):
+    assert ranks[0]["gcs"] == ranks[1]["gcs"]
+    assert ranks[0]["nodes"] == ranks[1]["nodes"] and len(ranks[0]["nodes"]) == 1
+
+
+def test_every_sample_once_per_epoch_bitwise_as_torch(ranks):
+    for epoch in range(EPOCHS):
+        seen = [int(i) for r in ranks for b in r["remote"][epoch] for i in b["y"]]
+        assert sorted(seen) == list(range(NUM_SAMPLES)), f"epoch {epoch}"
+    for r in ranks:
+        assert_batches_equal(r["local"], r["remote"])
+
+
+def test_rank0_only_loader_and_a_rank_loading_after_rank0_is_done(ranks):
+    assert ranks[0]["val"] == list(range(NUM_SAMPLES))
+    assert_batches_equal(ranks[1]["local_late"], ranks[1]["late"])
+
+
+# ------------------------------------------------------- the waiting rank's errors, one process
+
+
+@pytest.fixture
+def store():
+    """A real TCPStore, as a rank other than 0 would see rank 0's process group store."""
+    from conftest import free_port
+
+    return dist.TCPStore("127.0.0.1", free_port(), 1, True, timedelta(seconds=10))
+
+
+def test_a_rank_waiting_for_rank0_times_out_with_advice(store, monkeypatch):
+    from dpex import shared_ray
+
+    monkeypatch.setattr(shared_ray, "WAIT_FOR_RANK0_S", 0.5)
+    with pytest.raises(RuntimeError, match="waited 0 s for rank 0.*init_ray_for_ranks"):
+        shared_ray._join_rank0(store, rank=1)
+    assert store.add(shared_ray._KEY_JOINED, 0) == store.add(shared_ray._KEY_LEFT, 0) == 1
+
+
+def test_a_rank_joining_after_rank0_closed_is_told_why(store):
+    from dpex import shared_ray
+
+    store.set(shared_ray._KEY_CLUSTER, json.dumps({"error": shared_ray._CLOSED}))
+    with pytest.raises(RuntimeError, match="rank 0 has finished"):
+        shared_ray._join_rank0(store, rank=1)
