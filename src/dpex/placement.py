@@ -39,6 +39,13 @@ class WorkerOptions:
         max_task_retries: how many times one batch may take its worker down before the loader
             gives up on it as a poison batch.
         ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env``.
+        reuse_processes: take worker processes from this process's warm pool and give them
+            back after the epoch (default), so an epoch without ``persistent_workers`` does
+            not start new Python processes. Each epoch still gets fresh workers (a new
+            dataset replica, ``worker_init_fn`` run again, torch's seeds); a reused process
+            keeps its module globals (see ``dpex.pool``). False: fresh processes each epoch.
+        idle_timeout_s: how long a worker process given back to the pool stays warm before
+            it is stopped (``dpex.shutdown_pool()`` stops the idle ones at once).
 
     Example:
         >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)
@@ -54,6 +61,8 @@ class WorkerOptions:
     start_timeout_s: float = 120.0
     max_task_retries: int = 3
     ray_options: Mapping[str, Any] = field(default_factory=dict)
+    reuse_processes: bool = True
+    idle_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.num_cpus is not None and self.num_cpus < 0:
@@ -62,6 +71,8 @@ class WorkerOptions:
             raise ValueError(f"start_timeout_s should be positive, got {self.start_timeout_s}")
         if self.max_task_retries < 0:
             raise ValueError(f"max_task_retries should be non-negative, got {self.max_task_retries}")
+        if self.idle_timeout_s < 0:
+            raise ValueError(f"idle_timeout_s should be non-negative, got {self.idle_timeout_s}")
 
     def actor_options(self, node_id: str | None) -> dict[str, Any]:
         """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""
