@@ -245,3 +245,14 @@ class ReplicaDataset(AugmentedDataset):
 
 def mark_replica(worker_id: int) -> None:
     get_worker_info().dataset.marks += 10 + worker_id
+
+
+def _refuse_to_unpickle(n: int):
+    raise RuntimeError("this dataset does not unpickle in a worker")
+
+
+class UnpicklableDataset(RangeDataset):
+    """Pickles (ray.put works) but cannot be unpickled: a worker cannot begin with it."""
+
+    def __reduce__(self):
+        return _refuse_to_unpickle, (self.n,)

@@ -18,6 +18,7 @@ from helpers import (
     RangeDataset,
     ReplicaDataset,
     StatefulIterable,
+    UnpicklableDataset,
     WorkerInfoDataset,
     alive_actor_count,
     assert_batches_equal,
@@ -136,3 +137,10 @@ def test_no_actor_left_after_the_loaders_and_the_pool_are_gone():
     dpex.shutdown_pool()
     assert POOL.idle_count() == 0
     assert wait_until(lambda: alive_actor_count() == before)
+
+
+def test_a_dataset_that_cannot_reach_a_worker_fails_to_start_and_is_not_kept():
+    idle = POOL.idle_count()
+    with pytest.raises(RuntimeError, match=r"dpex worker \d failed to start[\s\S]*does not unpickle"):
+        list(make(True, UnpicklableDataset(8), 9))
+    assert POOL.idle_count() <= idle  # the failed loader's processes were stopped, not kept
