@@ -218,3 +218,41 @@ class EnvDataset(RangeDataset):
         import os
 
         return torch.tensor([i, int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1))])
+
+
+class PidDataset(RangeDataset):
+    """Sample i is (i, the pid of the process that loaded it)."""
+
+    def __getitem__(self, i):
+        import os
+
+        return torch.tensor([i, os.getpid()])
+
+
+class ReplicaDataset(AugmentedDataset):
+    """Noisy samples that also carry ``marks``, which ``mark_replica`` raises in a worker's
+    replica: a replica carried over from an earlier epoch would show a larger count."""
+
+    def __init__(self, n: int = 48) -> None:
+        super().__init__(n)
+        self.marks = 0
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        sample["marks"] = self.marks
+        return sample
+
+
+def mark_replica(worker_id: int) -> None:
+    get_worker_info().dataset.marks += 10 + worker_id
+
+
+def _refuse_to_unpickle(n: int):
+    raise RuntimeError("this dataset does not unpickle in a worker")
+
+
+class UnpicklableDataset(RangeDataset):
+    """Pickles (ray.put works) but cannot be unpickled: a worker cannot begin with it."""
+
+    def __reduce__(self):
+        return _refuse_to_unpickle, (self.n,)

@@ -129,3 +129,12 @@ def test_report_redoes_table_and_plot_from_saved_results(tmp_path, capsys):
     assert code == 0
     assert capsys.readouterr().out.count("\n| tiny |") == len(LOADERS)
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_startup_script_runs_both_loaders(capsys):
+    # Each repeat is a fresh process (its own embedded Ray): a tiny run keeps it from rotting.
+    script = _load_script("startup")
+    assert script.main(["--repeats", "1", "--items", "128", "--val-items", "64",
+                        "--epochs", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["torch", "dpex"]

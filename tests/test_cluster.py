@@ -83,6 +83,22 @@ def test_users_own_ray_session_is_used_and_left_running():
                       "same_node": True}
 
 
+def test_the_warm_pool_forgets_the_processes_of_a_session_the_user_shut_down():
+    out = run_script("""
+        from dpex.pool import POOL
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+        first = run()
+        idle = POOL.idle_count()  # the two processes, warm
+        ray.shutdown()  # they go with the session...
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+        created = POOL.created
+        second = run()  # ...so this loader must start its own, not call dead handles
+        print(json.dumps({"same": first == second, "idle_before": idle,
+                          "created": POOL.created - created, "idle_after": POOL.idle_count()}))
+    """)
+    assert out[0] == {"same": True, "idle_before": 2, "created": 2, "idle_after": 2}
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:2"])
 def test_unreachable_address_fails_fast_naming_it(address):

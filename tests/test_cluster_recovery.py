@@ -162,6 +162,7 @@ def test_no_eligible_node_left_fails_clearly(cluster):
 
     with pytest.raises(RuntimeError, match=r"no alive Ray node can host a worker|did not start"):
         run(True, fault=fault, options=options)
+    dpex.shutdown_pool()  # the idle warm processes of the tests before this one
     assert wait_until(lambda: not worker_actors())
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dpex
+from dpex.pool import POOL
 from helpers import (
     FailingDataset,
     RangeDataset,
@@ -128,17 +129,23 @@ def test_stats_count_batches_per_worker_and_node():
 
 
 def test_no_actor_leaks_after_epoch_break_or_delete():
-    # Relative to what is alive now: the session is shared with earlier test modules.
+    # Relative to what is alive now: the session is shared with earlier test modules. Their
+    # idle warm processes are released first; a loader's own count from there.
+    dpex.shutdown_pool()
     gc.collect()
     wait_until(lambda: False, timeout=2)  # let Ray's state catch up with earlier kills
     before = alive_actor_count()
-    list(loader(RangeDataset(8), batch_size=2))  # a full epoch releases its workers
+    list(loader(RangeDataset(8), batch_size=2))  # a full epoch gives its workers to the pool
+    assert POOL.idle_count() == 2
+    assert wait_until(lambda: alive_actor_count() == before + 2)
+    dpex.shutdown_pool()  # ...which releases them on request
     assert wait_until(lambda: alive_actor_count() == before)
 
     it = iter(loader(RangeDataset(40), batch_size=2))
     next(it)
     assert wait_until(lambda: alive_actor_count() == before + 2)  # both up (state lags)
-    del it  # breaking out of an epoch drops the iterator
+    del it  # breaking out of an epoch drops the iterator: a worker with tasks is killed
+    dpex.shutdown_pool()  # (one whose tasks had all come back may have gone to the pool)
     assert wait_until(lambda: alive_actor_count() == before)
 
     persistent = loader(RangeDataset(8), batch_size=2, persistent_workers=True)
@@ -147,6 +154,8 @@ def test_no_actor_leaks_after_epoch_break_or_delete():
     assert wait_until(lambda: alive_actor_count() == before + 2)
     del persistent
     gc.collect()
+    assert POOL.idle_count() == 2  # a collected persistent iterator gives its workers back
+    dpex.shutdown_pool()
     assert wait_until(lambda: alive_actor_count() == before)
 
 

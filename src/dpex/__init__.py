@@ -3,6 +3,7 @@
 from dpex import distributed
 from dpex.dataloader import DataLoader, DpexDataLoader
 from dpex.placement import WorkerOptions
+from dpex.pool import shutdown_pool
 from dpex.stats import StatsSnapshot
 from dpex.worker_info import get_worker_info
 
@@ -13,5 +14,6 @@ __all__ = [
     "WorkerOptions",
     "distributed",
     "get_worker_info",
+    "shutdown_pool",
 ]
 __version__ = "0.1.0"

@@ -46,6 +46,13 @@ class WorkerOptions:
             standard library, whenever the workers run on a cluster dpex did not start
             itself; a list of module names ships those; ``None`` ships nothing (your code is
             installed on every node).
+        reuse_processes: take worker processes from this process's warm pool and give them
+            back after the epoch (default), so an epoch without ``persistent_workers`` does
+            not start new Python processes. Each epoch still gets fresh workers (a new
+            dataset replica, ``worker_init_fn`` run again, torch's seeds); a reused process
+            keeps its module globals (see ``dpex.pool``). False: fresh processes each epoch.
+        idle_timeout_s: how long a worker process given back to the pool stays warm before
+            it is stopped (``dpex.shutdown_pool()`` stops the idle ones at once).
 
     Example:
         >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)
@@ -62,6 +69,8 @@ class WorkerOptions:
     max_task_retries: int = 3
     ray_options: Mapping[str, Any] = field(default_factory=dict)
     ship_modules: str | Sequence[str] | None = "auto"
+    reuse_processes: bool = True
+    idle_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if isinstance(self.ship_modules, str) and self.ship_modules != "auto":
@@ -75,6 +84,8 @@ class WorkerOptions:
             raise ValueError(f"start_timeout_s should be positive, got {self.start_timeout_s}")
         if self.max_task_retries < 0:
             raise ValueError(f"max_task_retries should be non-negative, got {self.max_task_retries}")
+        if self.idle_timeout_s < 0:
+            raise ValueError(f"idle_timeout_s should be non-negative, got {self.idle_timeout_s}")
 
     def actor_options(self, node_id: str | None) -> dict[str, Any]:
         """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""

@@ -3,14 +3,17 @@
 NOTE [ dpex Actor Lifecycle and Recovery Protocol ]
 
 Who owns what
-  The iterator owns its worker actors (one ``_WorkerSlot`` per worker id) and the one object
-  holding the dataset (``ray.put`` once per iterator). Nobody else holds their handles, so
-  when the iterator goes, Ray's reference counting would reap them; dpex also kills them
-  explicitly (``ray.kill``) at each of these points:
+  The iterator owns its worker actors (one ``_WorkerSlot`` per worker id) while it runs, and
+  the one object holding the dataset (``ray.put`` once per iterator). It takes each actor
+  from this process's warm pool, or starts a new one (pool.py, its NOTE), and makes it a
+  fresh worker with ``Worker.begin``. Nobody else holds the handles while the iterator runs.
+  The iterator gives its actors back to the pool, or kills them (``ray.kill``) when they
+  cannot be reused (tasks still in flight, ``reuse_processes=False``), at these points:
     * end of epoch without ``persistent_workers``;
     * the iterator is garbage collected (the user broke out of the loop, or deleted the
       loader, which holds a persistent iterator);
-    * interpreter exit (``atexit``), before the embedded Ray stops.
+  and kills them at interpreter exit (``atexit``), before the embedded Ray stops, and when
+  it fails (a start failure, a poison batch, no node left).
 
 What is in flight where
   The sampler runs here, on the trainer. Task ``t`` (the t-th index batch of the epoch) goes to
@@ -33,7 +36,8 @@ What happens on each kind of failure
     traceback and the sample indices, when that task's turn comes. Later tasks still work.
   * A worker actor dies (``ray.kill``, SIGKILL, OOM, its node removed): any ``ray.get`` on its
     calls raises ``RayActorError``. The slot is recovered: a new actor for the same worker id
-    starts on a node that is alive now, seeded as the original was and then restored to
+    comes from the pool (an idle actor for that node) or is started on a node that is alive
+    now, seeded as the original was and then restored to
     ``slot.position`` (an IterableDataset replica without ``state_dict`` cannot seek: it is
     rewound to the epoch start and replays the batches already received). The slot's lost tasks are resubmitted in their
     original order. The training loop sees nothing: no error, gap, duplicate or reordering,
@@ -68,10 +72,12 @@ from ray.exceptions import (
     GetTimeoutError,
     ObjectLostError,
     RayActorError,
+    RayError,
 )
 
 from dpex import transport, user_code
 from dpex.cluster import owns_ray_session
+from dpex.pool import POOL, kill_quietly
 from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
@@ -262,7 +268,7 @@ class _RayDataLoaderIter:
             else:
                 self._record.complete = True
                 if not self._persistent_workers:
-                    self._shutdown_workers()
+                    self._shutdown_workers(reuse=True, epoch_done=True)
                 raise StopIteration
             if self._in_order and self._rcvd_idx in self._results:
                 if self._arrivals and self._arrivals[0] == self._rcvd_idx:
@@ -386,14 +392,13 @@ class _RayDataLoaderIter:
             resume = (slot.epoch_start, list(slot.replay_log))
         else:
             resume = (slot.position, [])
-        # Named, so `ray list actors` shows whose worker it is.
+        # Named, so `ray list actors` shows which loader started it.
         name = f"dpex-{self._id}-worker{slot.worker_id}-{slot.restarts}"
-        actor_cls = _remote_worker_class().options(
-            name=name, **self._options.actor_options(node_id)
-        )
-        slot.actor = actor_cls.remote(self._dataset_ref, self._config, slot.worker_id, *resume)
+        slot.actor = POOL.acquire(_remote_worker_class(), self._options, node_id, name)
         slot.node_id = node_id
-        slot.ready_ref = slot.actor.ready.remote()
+        # A fresh replica: Ray deserialises the epoch's dataset object anew for this call.
+        slot.ready_ref = slot.actor.begin.remote(
+            self._dataset_ref, self._config, slot.worker_id, *resume)
         slot.start_deadline = time.monotonic() + self._options.start_timeout_s
 
     def _on_started(self, slot: _WorkerSlot) -> None:
@@ -405,12 +410,17 @@ class _RayDataLoaderIter:
             self._recover(slot, exc)
         except ActorUnschedulableError as exc:
             self._on_unschedulable(slot, exc)
+        except RayError as exc:  # begin itself failed: e.g. the dataset does not unpickle there
+            self._fail_start(slot, exc)
 
     def _raise_if_start_failed(self, slot: _WorkerSlot, exc: RayActorError) -> None:
-        """A worker whose constructor raised (it cannot unpickle the dataset, say) would fail
-        the same way again: stop, with the cause, instead of recovering."""
-        if not getattr(exc, "actor_init_failed", False):
-            return
+        """A worker whose constructor raised would fail the same way again: stop."""
+        if getattr(exc, "actor_init_failed", False):
+            self._fail_start(slot, exc)
+
+    def _fail_start(self, slot: _WorkerSlot, exc: Exception) -> None:
+        """Stop, with the cause, a worker that cannot become a worker (it cannot unpickle
+        the dataset, say): it would fail the same way again, so no recovery."""
         self._shutdown_workers()
         missing = re.search(r"No module named '([\w.]+)'", str(exc))
         if missing:  # the user's code did not reach the worker's node
@@ -454,7 +464,7 @@ class _RayDataLoaderIter:
                     f"indices {first_index!r} (task {first_task}); giving up on this batch. "
                     f"Last cause: {cause}"
                 ) from None
-        _kill_quietly(slot.actor)
+        kill_quietly(slot.actor)
         slot.restarts += 1
         self._stats.worker_restarts += 1
         try:
@@ -466,12 +476,21 @@ class _RayDataLoaderIter:
         for task_id, index in lost:
             self._submit(slot, [(task_id, index)])
 
-    def _shutdown_workers(self) -> None:
+    def _shutdown_workers(self, reuse: bool = False, epoch_done: bool = False) -> None:
+        """Release the actors: back to the pool when ``reuse`` and a worker owes nothing
+        (its tasks would otherwise still run ahead of the next loader's), else killed.
+
+        ``epoch_done``: the epoch ran to its end. What is still in flight then is only the
+        extra tasks of exhausted IterableDataset replicas (torch drops them likewise): each
+        answers END at once, so the actor is kept; its next ``begin`` runs after them."""
         if self._shutdown:
             return
         self._shutdown = True
         for slot in self._slots:
-            _kill_quietly(slot.actor)
+            if reuse and slot.actor is not None and (epoch_done or not slot.in_flight):
+                POOL.release(slot.actor, self._options, slot.node_id)
+            else:
+                kill_quietly(slot.actor)
             slot.actor = slot.ready_ref = None
             slot.in_flight.clear()
         self._calls = {}
@@ -482,7 +501,7 @@ class _RayDataLoaderIter:
 
     def __del__(self) -> None:
         try:
-            self._shutdown_workers()
+            self._shutdown_workers(reuse=True)
         except Exception:
             pass
 
@@ -507,15 +526,6 @@ class _RayDataLoaderIter:
 
     def __getstate__(self):
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
-
-
-def _kill_quietly(actor: Any) -> None:
-    if actor is None or not ray.is_initialized():
-        return
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:
-        pass
 
 
 _live_iterators: weakref.WeakSet[_RayDataLoaderIter] = weakref.WeakSet()

@@ -22,7 +22,7 @@ from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
 from dpex.resume import WorkerPosition, dataset_state, restore_position
 from dpex.seeding import RngState, seed_worker
-from dpex.worker_info import set_worker_info, worker_info_hidden
+from dpex.worker_info import clear_worker_info, set_worker_info, worker_info_hidden
 
 # Outcome kinds of one task.
 DATA, ERROR, END = "data", "error", "end"
@@ -53,15 +53,49 @@ class TaskResult:
 
 
 class Worker:
-    """One data-loading worker; see the module docstring."""
+    """One data-loading worker; see the module docstring.
+
+    As a Ray actor it is a process of the warm pool (``dpex.pool``): constructed empty, it
+    becomes a fresh torch worker at each ``begin`` and drops its replica at ``release``.
+    """
 
     def __init__(
+        self,
+        dataset: Any = None,
+        config: WorkerConfig | None = None,
+        worker_id: int = 0,
+        resume: WorkerPosition | None = None,
+        replay: list[Any] | None = None,
+    ) -> None:
+        """Args: as ``begin``; without a ``config`` the worker waits for ``begin``."""
+        self.config: WorkerConfig | None = None
+        self.dataset = self.fetcher = self.init_error = None
+        if config is not None:
+            self._begin(dataset, config, worker_id, resume, replay)
+
+    def begin(
         self,
         dataset: Any,
         config: WorkerConfig,
         worker_id: int,
         resume: WorkerPosition | None = None,
         replay: list[Any] | None = None,
+    ) -> tuple[str, int]:
+        """Become a fresh worker ``worker_id`` of a new epoch's loader; answer as ``ready``.
+
+        A reused process gets a new replica here: Ray deserialises ``dataset`` afresh from
+        the epoch's object on every call, so nothing of an earlier replica carries over.
+        """
+        self._begin(dataset, config, worker_id, resume, replay)
+        return self.ready()
+
+    def _begin(
+        self,
+        dataset: Any,
+        config: WorkerConfig,
+        worker_id: int,
+        resume: WorkerPosition | None,
+        replay: list[Any] | None,
     ) -> None:
         """Args:
         dataset: this worker's replica. config: the loader's settings. worker_id: 0..N-1.
@@ -94,6 +128,16 @@ class Worker:
             # A replica without state_dict cannot seek: a replacement rewinds to the epoch
             # start (resume) and re-reads what its predecessor delivered, dropping it.
             self._fetch_one(-1, index)
+
+    def release(self) -> None:
+        """Back to the pool: drop the replica (and the object-store memory it may pin).
+
+        No ``gc.collect()`` here: it costs tens of ms in a process with torch loaded, ahead
+        of the next loader's ``begin``; reference counting frees the replica.
+        """
+        self.dataset = self.fetcher = self.config = self.init_error = None
+        self.collate_fn = None
+        clear_worker_info()
 
     def _new_fetcher(self) -> None:
         c = self.config

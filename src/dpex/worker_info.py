@@ -31,6 +31,11 @@ def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> Non
     )
 
 
+def clear_worker_info() -> None:
+    """Remove this process's ``WorkerInfo`` (a pooled process between loaders). Same slot."""
+    torch.utils.data._utils.worker._worker_info = None
+
+
 @contextlib.contextmanager
 def worker_info_hidden() -> Iterator[None]:
     """Hide this process's ``WorkerInfo`` for the duration of the block.
