@@ -91,6 +91,36 @@ with open(f"rank{dist.get_rank()}.json", "w") as f:
 dist.destroy_process_group()
 '''
 
+TRAIN_LIGHTNING = '''
+import json
+import lightning as L
+import ray, torch, dpex
+from mydata import Squares
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(1, 1)
+        self.seen = []
+    def training_step(self, batch, batch_idx):
+        self.seen += [int(x) for x in batch.flatten()]
+        return self.net(batch.float()).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+    def train_dataloader(self):  # Lightning injects its DistributedSampler
+        return dpex.DataLoader(Squares(16), batch_size=2, shuffle=True, num_workers=2,
+                               distribute_mode=True)
+
+if __name__ == "__main__":
+    model = Model()
+    trainer = L.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model)
+    with open(f"lightning{trainer.global_rank}.json", "w") as f:
+        json.dump({"seen": model.seen, "gcs": ray.get_runtime_context().gcs_address}, f)
+'''
+
 EXPECTED = [[0, 1], [4, 9], [16, 25], [36, 49]]
 
 
@@ -128,7 +158,8 @@ def can_hide_directories() -> bool:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     project = tmp_path_factory.mktemp("project")
-    for name, text in (("mydata.py", MYDATA), ("train.py", TRAIN), ("train_ddp.py", TRAIN_DDP)):
+    for name, text in (("mydata.py", MYDATA), ("train.py", TRAIN), ("train_ddp.py", TRAIN_DDP),
+                       ("train_lightning.py", TRAIN_LIGHTNING)):
         (project / name).write_text(textwrap.dedent(text))
     previous_record = open(RECORD).read() if os.path.exists(RECORD) else None
     env = user_env()
@@ -209,6 +240,20 @@ def test_torchrun_ranks_share_the_cluster_through_ray_address(cluster):
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(i * i for i in range(16))
     assert ranks[0]["gcs"] == ranks[1]["gcs"]  # both ranks are drivers of the one cluster
     assert all(len(r["nodes"]) == 2 for r in ranks)
+
+
+def test_lightning_ddp_ranks_join_the_running_cluster(cluster):
+    pytest.importorskip("lightning")
+    project = cluster["project"]
+    proc = subprocess.run([os.path.join(BIN, "python"), "train_lightning.py"], cwd=project,
+                          env=user_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    ranks = [json.loads((project / f"lightning{r}.json").read_text()) for r in range(2)]
+    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == sorted(i * i for i in range(16))
+    # Both ranks are drivers of the `ray start` cluster ("auto"), not of an embedded Ray.
+    assert ranks[0]["gcs"] == ranks[1]["gcs"]
+    assert ranks[0]["gcs"].endswith(cluster["address"].rpartition(":")[2])
 
 
 # ----------------------------------------------------------------------------- errors
