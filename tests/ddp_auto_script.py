@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
 import dpex
+from ddp_worker_script import read
 from helpers import AugmentedDataset
 
 NUM_SAMPLES = 24  # a multiple of the world size: DistributedSampler adds no padding
@@ -32,14 +33,6 @@ def make_loader(dataset, sampler, rank: int, distribute_mode: bool) -> dpex.Data
         generator=torch.Generator().manual_seed(100 + rank), distribute_mode=distribute_mode,
         head_address=None,  # rank 0's embedded Ray, never a cluster recorded on this machine
     )
-
-
-def read(loader, sampler, epochs) -> list[list]:
-    out = []
-    for epoch in epochs:
-        sampler.set_epoch(epoch)
-        out.append(list(loader))
-    return out
 
 
 def main(out_dir: str) -> None:

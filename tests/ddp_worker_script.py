@@ -34,11 +34,16 @@ def read_epochs(dataset, rank: int, world_size: int, distribute_mode: bool) -> l
         generator=torch.Generator().manual_seed(100 + rank), persistent_workers=True,
         distribute_mode=distribute_mode, head_address=None,
     )
-    epochs = []
-    for epoch in range(EPOCHS):
+    return read(loader, sampler, range(EPOCHS))
+
+
+def read(loader, sampler, epochs) -> list[list]:
+    """Every batch of the given epochs (``set_epoch`` before each, as a DDP loop does)."""
+    out = []
+    for epoch in epochs:
         sampler.set_epoch(epoch)
-        epochs.append(list(loader))
-    return epochs
+        out.append(list(loader))
+    return out
 
 
 def main(out_dir: str) -> None:

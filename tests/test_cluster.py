@@ -5,7 +5,6 @@ has one Ray connection."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile

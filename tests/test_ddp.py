@@ -33,16 +33,20 @@ def hermetic_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    """Run the 2-rank job once; what each rank saw."""
-    out = tmp_path_factory.mktemp("ddp")
+def torchrun_ranks(script: str, out) -> list[dict]:
+    """Run ``script OUT`` as a 2-rank torchrun job; what each rank saved to OUT/rank<r>.pt."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={WORLD_SIZE}", SCRIPT, str(out)]
+               f"--nproc_per_node={WORLD_SIZE}", script, str(out)]
     proc = subprocess.run(command, env=hermetic_env(), capture_output=True, text=True,
                           timeout=280)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Run the 2-rank job once; what each rank saw."""
+    return torchrun_ranks(SCRIPT, tmp_path_factory.mktemp("ddp"))
 
 
 def sample_ids(batches: list[dict]) -> list[int]:

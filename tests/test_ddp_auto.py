@@ -4,32 +4,21 @@ store (dpex.shared_ray), whatever the order and number of loaders per rank."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from ddp_auto_script import EPOCHS, NUM_SAMPLES
 from helpers import assert_batches_equal
-from test_ddp import TESTS_DIR, hermetic_env
+from test_ddp import TESTS_DIR, torchrun_ranks
 
 pytestmark = pytest.mark.ray
-WORLD_SIZE = 2
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("ddp_auto")
-    script = f"{TESTS_DIR}/ddp_auto_script.py"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={WORLD_SIZE}", script, str(out)]
-    proc = subprocess.run(command, env=hermetic_env(), capture_output=True, text=True,
-                          timeout=280)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    return torchrun_ranks(f"{TESTS_DIR}/ddp_auto_script.py", tmp_path_factory.mktemp("ddp_auto"))
 
 
 def test_ranks_share_rank0_cluster(ranks):

@@ -83,7 +83,6 @@ The automatic form (``dpex.shared_ray``): DDP with no Ray code
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from collections.abc import Iterator

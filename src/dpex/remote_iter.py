@@ -82,7 +82,7 @@ from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligi
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
 from dpex.shared_ray import connect
-from dpex.worker import DATA, END, ERROR, TaskResult, Worker, WorkerConfig
+from dpex.worker import END, ERROR, TaskResult, Worker, WorkerConfig
 
 if TYPE_CHECKING:
     from dpex.dataloader import DataLoader
