@@ -130,7 +130,7 @@ def _sources_of(root: str) -> Bundle:
             "process from a source file: import it first"
         )
     if not hasattr(module, "__path__"):  # a plain module: its one file
-        return {root: _read(root, module.__file__, is_package=False)}
+        return {root: _read(module.__file__, is_package=False)}
     bundle = {}
     top_dir = os.path.dirname(module.__file__)
     for directory, _subdirs, files in os.walk(top_dir):
@@ -141,11 +141,11 @@ def _sources_of(root: str) -> Bundle:
             parts = [root, *relative.split(os.sep)]
             is_package = parts[-1] == "__init__"
             name = ".".join(parts[:-1] if is_package else parts)
-            bundle[name] = _read(name, os.path.join(directory, file), is_package)
+            bundle[name] = _read(os.path.join(directory, file), is_package)
     return bundle
 
 
-def _read(name: str, path: str, is_package: bool) -> Source:
+def _read(path: str, is_package: bool) -> Source:
     with open(path, encoding="utf-8") as f:
         return Source(f.read(), os.path.realpath(path), is_package)
 
