@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             print()
             print(table)
     print()
-    print("Targets (ratios, higher is better):")
+    print("Targets (each line gives its bound):")
     for target in result.targets:
         print("  " + target.line())
     for note in result.skipped:
