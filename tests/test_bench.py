@@ -12,8 +12,9 @@ import os
 
 import pytest
 
-from dpex.bench import report
+from dpex.bench import report, startup
 from dpex.bench.runners import LOADERS, EpochRecord, RunRecord
+from dpex.bench.startup import StartupRecord
 
 BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -34,6 +35,7 @@ SMOKE_LOADERS = {
     "tiny": LOADERS,
     "large": ("torch", "dpex-ray"),
     "shards": ("torch", "dpex-ray", "ray-data"),
+    "ceiling": ("torch", "dpex-ray"),
 }
 
 
@@ -123,18 +125,61 @@ def test_report_redoes_table_and_plot_from_saved_results(tmp_path, capsys):
     from dpex.cli import main
 
     config = SuiteConfig(workloads=["tiny"], size="tiny", out=tmp_path / "run")
-    write_results(config, [_record(name, 0, 1.0) for name in LOADERS], [])
+    write_results(config, [_record(name, 0, 1.0) for name in LOADERS], [],
+                  startup_records=[_startup("torch", 0, 1.0), _startup("dpex-ray", 0, 2.0)])
     code = main(["bench", "--report", str(tmp_path / "run" / "results.json"),
                  "--out", str(tmp_path / "again"), "--plot", str(tmp_path / "p.png")])
     assert code == 0
-    assert capsys.readouterr().out.count("\n| tiny |") == len(LOADERS)
+    printed = capsys.readouterr().out
+    assert printed.count("\n| tiny |") == len(LOADERS)
+    assert "| warm: whole run (s) | 1.00 | 2.00 | 2.00 | +1.00 |" in printed
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_startup_script_runs_both_loaders(capsys):
-    # Each repeat is a fresh process (its own embedded Ray): a tiny run keeps it from rotting.
+def test_startup_script_runs_both_loaders(tmp_path, capsys):
+    # Each repeat is a fresh process per loader (dpex's with its own embedded Ray): a tiny
+    # run through `dpex bench --workloads startup` keeps the workload from rotting.
     script = _load_script("startup")
-    assert script.main(["--repeats", "1", "--items", "128", "--val-items", "64",
-                        "--epochs", "1"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert [row.split("|")[1].strip() for row in rows[1:]] == ["torch", "dpex"]
+    out = tmp_path / "out"
+    assert script.main(["--size", "tiny", "--repeats", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("| warm") or
+            line.startswith("| cold")]
+    assert len(rows) == 4, printed
+    assert "startup dpex-ray warm whole run" in printed and "warm first batch" in printed
+    records = json.loads((out / "results.json").read_text())["startup"]
+    assert sorted(r["loader"] for r in records) == ["dpex-ray", "torch"]
+    assert all(r["cold_first_s"] > 0 and r["warm_whole_s"] > 0 for r in records)
+
+
+def _startup(loader: str, repeat: int, scale: float) -> StartupRecord:
+    return StartupRecord(loader, repeat, cold_whole_s=10 * scale, cold_first_s=5 * scale,
+                         warm_whole_s=1.0 * scale, warm_first_s=0.1 * scale)
+
+
+def test_startup_summary_pairs_each_repeat_then_takes_medians():
+    records = [_startup("torch", 0, 1.0), _startup("dpex-ray", 0, 1.2),
+               _startup("torch", 1, 2.0), _startup("dpex-ray", 1, 4.0),
+               _startup("torch", 2, 1.0), _startup("dpex-ray", 2, 1.4)]
+    rows = {r.metric: r for r in startup.summarise(records)}
+    assert rows["warm_whole_s"].ratio == pytest.approx(1.4)  # median of 1.2, 2.0, 1.4
+    assert rows["warm_first_s"].difference_s == pytest.approx(0.04)  # of 0.02, 0.2, 0.04
+    met = {t.text: t.met for t in startup.targets(list(rows.values()))}
+    assert met == {"warm whole run, ours / torch's": True,
+                   "warm first batch, ours - torch's (s)": True}
+    assert startup.markdown_table(list(rows.values())).count("\n| ") == 4
+
+
+def test_ceiling_targets_compare_rate_and_trainer_cpu():
+    def rec(loader, cpu_s):
+        epochs = [EpochRecord(1.0, 6400, 0, 100, 0.01, cpu_s) for _ in range(3)]
+        return RunRecord(loader, "ceiling", 2, 0, epochs)
+
+    rows = report.summarise([rec("torch", 0.05), rec("dpex-ray", 0.1)])
+    dpex_row = next(r for r in rows if r.loader == "dpex-ray")
+    assert dpex_row.batches_per_s == pytest.approx(100)
+    assert dpex_row.ratio_cpu == pytest.approx(0.5)
+    met = {t.text.split(" (")[0]: t.met for t in report.targets(rows) if t.workload == "ceiling"}
+    assert met["batches/s vs torch"] is True
+    assert met["trainer CPU/batch, torch's / ours"] is False
+    assert "| dpex-ray | 2 | 100 | 1.00 | 1.000 | 0.50 |" in report.ceiling_table(rows)

@@ -35,6 +35,9 @@ class Row:
     ratio_items: float | None  # items/s over torch's, median of per-repeat ratios
     ratio_mb: float | None
     error: str | None = None
+    # torch's trainer CPU per batch over ours, median of per-repeat ratios (> 1: we use less)
+    ratio_cpu: float | None = None
+    batches_per_s: float | None = None
 
 
 def _steady_rates(rec: RunRecord) -> tuple[float, float]:
@@ -62,7 +65,7 @@ def summarise(records: list[RunRecord]) -> list[Row]:
             r.repeat: r for r in groups.get((workload, workers, "torch"), [])
             if r.error is None and r.epochs
         }
-        ratios_items, ratios_mb = [], []
+        ratios_items, ratios_mb, ratios_cpu = [], [], []
         for r in ok:
             base = torch_by_repeat.get(r.repeat)
             if base is not None:
@@ -71,6 +74,9 @@ def summarise(records: list[RunRecord]) -> list[Row]:
                     ratios_items.append(i / bi)
                 if bm > 0:
                     ratios_mb.append(m / bm)
+                cpu, base_cpu = _cpu_per_batch(r), _cpu_per_batch(base)
+                if cpu > 0:
+                    ratios_cpu.append(base_cpu / cpu)
         rates = [_steady_rates(r) for r in ok]
         batches = [sum(e.batches for e in r.steady) for r in ok]
         rows.append(Row(
@@ -86,8 +92,15 @@ def summarise(records: list[RunRecord]) -> list[Row]:
             ratio_items=_median(ratios_items) if ratios_items else None,
             ratio_mb=_median(ratios_mb) if ratios_mb else None,
             error=errors or None,
+            ratio_cpu=_median(ratios_cpu) if ratios_cpu else None,
+            batches_per_s=_median(
+                b / max(1e-9, sum(e.seconds for e in r.steady)) for r, b in zip(ok, batches)),
         ))
     return rows
+
+
+def _cpu_per_batch(rec: RunRecord) -> float:
+    return sum(e.cpu_s for e in rec.steady) / max(1, sum(e.batches for e in rec.steady))
 
 
 # ------------------------------------------------------------------ targets
@@ -100,15 +113,22 @@ class Target:
     text: str
     value: float | None
     threshold: float
+    higher_is_better: bool = True
 
     @property
     def met(self) -> bool | None:
-        return None if self.value is None else self.value >= self.threshold
+        if self.value is None:
+            return None
+        if self.higher_is_better:
+            return self.value >= self.threshold
+        return self.value <= self.threshold
 
     def line(self) -> str:
         status = {True: "MET", False: "NOT MET", None: "n/a"}[self.met]
         shown = "n/a" if self.value is None else f"{self.value:.3f}"
-        return f"[{status:7}] {self.workload:6} {self.loader:8} {self.text}: {shown} (>= {self.threshold})"
+        bound = ">=" if self.higher_is_better else "<="
+        return (f"[{status:7}] {self.workload:6} {self.loader:8} {self.text}: {shown} "
+                f"({bound} {self.threshold})")
 
 
 def targets(rows: list[Row]) -> list[Target]:
@@ -129,6 +149,11 @@ def targets(rows: list[Row]) -> list[Target]:
             out.append(Target("tiny", r.loader, f"items/s vs torch (N={w})", r.ratio_items, 0.9))
         elif r.workload == "large":
             out.append(Target("large", r.loader, f"MB/s vs torch (N={w})", r.ratio_mb, 1.0))
+        elif r.workload == "ceiling":
+            out.append(Target("ceiling", r.loader, f"batches/s vs torch (N={w})",
+                              r.ratio_items, 1.0))
+            out.append(Target("ceiling", r.loader, f"trainer CPU/batch, torch's / ours (N={w})",
+                              r.ratio_cpu, 1.0))
         base = by_key.get((r.workload, w, "torch"))
         if base is not None and r.first_batch_ms > 0:
             # Higher is better for every target: torch's first-batch time over ours.
@@ -164,8 +189,19 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def ceiling_table(rows: list[Row]) -> str:
+    """The ceiling workload's own view: what the training loop can pull, and at what CPU."""
+    lines = ["| ceiling: loader | N | batches/s | × torch | trainer CPU / batch (ms) "
+             "| torch's CPU / ours |", "|---|---|---|---|---|---|"]
+    for r in sorted((r for r in rows if r.workload == "ceiling" and r.repeats), key=_row_order):
+        lines.append(f"| {r.loader} | {r.workers} | {_fmt(r.batches_per_s, '.0f')} "
+                     f"| {_fmt(r.ratio_items, '.2f')} | {_fmt(r.cpu_ms_per_batch, '.3f')} "
+                     f"| {_fmt(r.ratio_cpu, '.2f')} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 _LOADER_ORDER = {"torch": 0, "dpex": 1, "dpex-ray": 2, "ray-data": 3}
-_WORKLOAD_ORDER = {"cpu": 0, "tiny": 1, "large": 2, "shards": 3}
+_WORKLOAD_ORDER = {"cpu": 0, "tiny": 1, "large": 2, "shards": 3, "ceiling": 4}
 
 
 def _row_order(r: Row) -> tuple:

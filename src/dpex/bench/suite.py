@@ -1,5 +1,8 @@
 """The suite: every selected loader on every selected workload, in alternating order.
 
+The ``startup`` workload runs first, before this process starts any Ray: its runs are fresh
+processes of their own (``startup.py``). The others go through ``runners``:
+
 For each workload and worker count, repeat ``repeats`` times: build every loader afresh and
 run its warm-up epoch (epoch 0), one after the other; then run the steady-state epochs in
 turns, one epoch of each loader at a time, alternating the order (``run_interleaved``). The
@@ -15,8 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpex.bench import env, report, runners
+from dpex.bench import env, report, runners, startup
 from dpex.bench.workloads import WORKLOADS, make_workload
+
+#: Every workload ``dpex bench`` knows: the loader workloads, then the start-up run.
+ALL_WORKLOADS = (*WORKLOADS, "startup")
 
 # size -> (epochs, repeats) by default
 DEFAULTS = {"tiny": (2, 1), "small": (3, 2), "full": (3, 3)}
@@ -26,7 +32,7 @@ DEFAULTS = {"tiny": (2, 1), "small": (3, 2), "full": (3, 3)}
 class SuiteConfig:
     """What to run. ``address`` None: the embedded local Ray; "host:port": that cluster."""
 
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    workloads: list[str] = field(default_factory=lambda: list(ALL_WORKLOADS))
     loaders: list[str] = field(default_factory=lambda: list(runners.LOADERS))
     workers: list[int] = field(default_factory=lambda: [2])
     size: str = "small"
@@ -51,6 +57,8 @@ class SuiteResult:
     plot_path: Path | None
     json_path: Path
     skipped: list[str]
+    startup_rows: list[startup.StartupRow] = field(default_factory=list)
+    extra_tables: list[str] = field(default_factory=list)  # the startup and ceiling views
 
 
 def ray_data_available() -> bool:
@@ -70,19 +78,33 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
     if "shards" in workloads and importlib.util.find_spec("webdataset") is None:
         workloads.remove("shards")
         skipped.append("shards (install the optional extra: pip install 'dpex[data]')")
-    if any(name in runners.RAY_LOADERS for name in loaders):
+    startup_records: list[startup.StartupRecord] = []
+    if "startup" in workloads:
+        workloads.remove("startup")
+        pair = tuple(name for name in startup.LOADERS if name in loaders)
+        if config.address is not None:
+            skipped.append("startup (it measures the embedded Ray's start; not with --address)")
+        elif pair:  # at the first worker count only: a fresh process per run is slow
+            startup_records = startup.run_startup(config.size, epochs, repeats,
+                                                  config.workers[0], pair, log)
+        else:
+            skipped.append("startup (it compares torch and dpex-ray; neither was selected)")
+    if "ceiling" in workloads and "ray-data" in loaders:
+        skipped.append("ray-data on ceiling (DataLoader-shaped loaders only)")
+    if workloads and any(name in runners.RAY_LOADERS for name in loaders):
         runners.start_ray(config.address)
     records: list[runners.RunRecord] = []
     for name in workloads:
         workload = make_workload(name, config.size, config.data_dir)
+        chosen = [n for n in loaders if not (name == "ceiling" and n == "ray-data")]
         for workers in config.workers:
             for repeat in range(repeats):
-                order = loaders if repeat % 2 == 0 else loaders[::-1]
+                order = chosen if repeat % 2 == 0 else chosen[::-1]
                 for rec in runners.run_interleaved(order, workload, workers, epochs, repeat,
                                                    config.address):
                     records.append(rec)
                     log(_progress(rec))
-    return write_results(config, records, skipped)
+    return write_results(config, records, skipped, startup_records=startup_records)
 
 
 def _progress(rec: runners.RunRecord) -> str:
@@ -94,20 +116,27 @@ def _progress(rec: runners.RunRecord) -> str:
             f"{rate:,.0f} items/s steady, first epoch {rec.epochs[0].seconds:.2f}s")
 
 
-def load_results(path: Path) -> tuple[dict, list[runners.RunRecord]]:
-    """The config and records of an earlier run's ``results.json``."""
+def load_results(path: Path) -> tuple[dict, list[runners.RunRecord], list[startup.StartupRecord]]:
+    """The config, records and startup records of an earlier run's ``results.json``."""
     data = json.loads(Path(path).read_text())
-    return data.get("config", {}), [runners.RunRecord.from_json(r) for r in data["records"]]
+    return (data.get("config", {}), [runners.RunRecord.from_json(r) for r in data["records"]],
+            startup.records_from_json(data.get("startup", [])))
 
 
 def write_results(config: SuiteConfig, records: list[runners.RunRecord],
-                  skipped: list[str], info: dict[str, str] | None = None) -> SuiteResult:
+                  skipped: list[str], info: dict[str, str] | None = None,
+                  startup_records: list[startup.StartupRecord] | None = None) -> SuiteResult:
     """Summarise ``records``; write results.json, results.md and the plot."""
+    startup_records = startup_records or []
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = report.summarise(records)
-    checks = report.targets(rows)
-    table = report.markdown_table(rows)
+    startup_rows = startup.summarise(startup_records)
+    checks = startup.targets(startup_rows) + report.targets(rows)
+    table = report.markdown_table(rows) if rows else ""
+    extra_tables = [t for t in (
+        startup.markdown_table(startup_rows, config.workers[0]) if startup_rows else "",
+        report.ceiling_table(rows)) if t]
     info = info or env.describe()
     epochs, repeats = config.resolved()
     json_path = out / "results.json"
@@ -116,18 +145,22 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
         "config": {"size": config.size, "epochs": epochs, "repeats": repeats,
                    "workers": config.workers, "address": config.address},
         "records": [r.to_json() for r in records],
+        "startup": [r.to_json() for r in startup_records],
     }, indent=1))
     versions = ", ".join(f"{k} {v}" for k, v in info.items() if k != "machine")
     body = [f"Machine: {info['machine']}", f"Versions: {versions}",
             f"Size {config.size}: {epochs} epochs per run (1 warm-up), {repeats} repeats, medians.",
-            "", table, "", "Targets:", *(t.line() for t in checks)]
+            *(f"\n{t}" for t in (*extra_tables, table) if t),
+            "", "Targets:", *(t.line() for t in checks)]
     if skipped:
         body += ["", "Skipped: " + "; ".join(skipped)]
     (out / "results.md").write_text("\n".join(body) + "\n")
     plot_path = None
     try:
-        plot_path = report.plot(rows, Path(config.plot or out / "bench.png"),
-                                title=f"dpex bench --size {config.size} ({info['machine']})")
+        if rows:  # the plot shows the loader workloads; startup alone has its table only
+            plot_path = report.plot(rows, Path(config.plot or out / "bench.png"),
+                                    title=f"dpex bench --size {config.size} ({info['machine']})")
     except ImportError as exc:
         skipped.append(f"plot ({exc})")
-    return SuiteResult(records, rows, checks, table, plot_path, json_path, skipped)
+    return SuiteResult(records, rows, checks, table, plot_path, json_path, skipped,
+                       startup_rows, extra_tables)

@@ -10,6 +10,12 @@ Data all produce the same batch: ``{"x": stacked tensor, "y": int64 tensor}``.
 * ``shards``: WebDataset tar shards of small JPEGs, read as an ``IterableDataset`` (each
   worker takes every n-th shard), decoded, centre-cropped to 112, flipped, normalised;
   batch 64.
+* ``ceiling``: trivial items (16 floats, a bare tensor), batch 64, nothing else to do: what
+  the training loop can pull per second and the trainer's own CPU per batch (issue 10,
+  point 5). DataLoader-shaped loaders only (Ray Data's stacking expects dict samples).
+
+The ``startup`` workload (torch's defaults, fresh loaders, fresh processes) is not a dataset
+run by the common loop: it lives in ``startup.py``.
 """
 
 from __future__ import annotations
@@ -61,6 +67,19 @@ class TinySamples(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {"x": self.data[i], "y": i}
+
+
+class TrivialSamples(Dataset):
+    """Sample i: row i of a ``length x 16`` float32 tensor, nothing else."""
+
+    def __init__(self, length: int, width: int = 16) -> None:
+        self.data = torch.randn(length, width, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data[i]
 
 
 class LargeSamples(Dataset):
@@ -128,6 +147,7 @@ _ITEMS = {
     "tiny": {"tiny": 256, "small": 6400, "full": 32000},
     "large": {"tiny": 64, "small": 320, "full": 960},
     "shards": {"tiny": 128, "small": 1280, "full": 2560},
+    "ceiling": {"tiny": 256, "small": 32000, "full": 128000},
 }
 WORKLOADS = tuple(_ITEMS)
 _SHARDS = 8  # a multiple of every usual worker count up to 8
@@ -152,6 +172,9 @@ def make_workload(name: str, size: str, data_dir: Path | None = None) -> Workloa
     if name == "tiny":
         return Workload(name, "16 floats per sample, batch 64 (overhead-bound)",
                         TinySamples(n), 64, n, {"kind": "map"})
+    if name == "ceiling":
+        return Workload(name, "trivial items: 16 floats, batch 64, persistent workers",
+                        TrivialSamples(n), 64, n, {"kind": "map"})
     if name == "large":
         return Workload(name, "3x224x224 float32 samples, batch 32 (~19 MB batches)",
                         LargeSamples(n), 32, n, {"kind": "map"})
