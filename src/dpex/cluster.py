@@ -120,6 +120,9 @@ def _start_embedded() -> None:
             logging_level=logging.WARNING,
             # Workers import what the driver imports: keep the driver's path importable.
             runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}},
+            # Ray starts workers at niceness 15 and an unprivileged worker cannot lower it:
+            # on the embedded Ray they start at the trainer's, as torch's forked workers do.
+            _system_config={"worker_niceness": os.getpriority(os.PRIO_PROCESS, 0)},
         )
     _embedded_started = True
     atexit.register(_stop_embedded)

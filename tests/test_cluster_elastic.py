@@ -1,0 +1,93 @@
+"""Elastic workers on a simulated multi-node cluster: a slow node that logical workers move
+off, and a node that joins mid-epoch and is used. Each run is compared with torch's own
+loader for the same seed and ``num_workers``: the batches must be bitwise identical."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import ray
+import torch
+
+import dpex
+from conftest import worker_env
+from helpers import AugmentedDataset, assert_batches_equal
+
+pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
+
+_FORKSERVER = multiprocessing.get_context("forkserver")
+_FORKSERVER.set_forkserver_preload(["torch", "helpers"])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node (the trainer's, 1 CPU) and one worker node (1 CPU)."""
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 100 * 2**20,
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+    })
+    cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20)
+    ray.init(address=cluster.address, runtime_env=worker_env(), logging_level="ERROR")
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+class SlowOnOneNode(AugmentedDataset):
+    """Noisy samples; on the node ``slow_node`` each takes ``slow_s`` (a busy or weaker
+    machine), elsewhere ``fast_s``. The sleep never changes what a sample is."""
+
+    def __init__(self, n: int, slow_node: str | None, slow_s: float, fast_s: float) -> None:
+        super().__init__(n)
+        self.slow_node, self.slow_s, self.fast_s = slow_node, slow_s, fast_s
+
+    def __getitem__(self, i):
+        here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        time.sleep(self.slow_s if here == self.slow_node else self.fast_s)
+        return super().__getitem__(i)
+
+
+def reference(dataset, **kwargs) -> list:
+    loader = torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
+                                         multiprocessing_context=_FORKSERVER, **kwargs)
+    return list(loader)
+
+
+def test_workers_move_off_a_slow_node(cluster):
+    slow = next(iter(cluster.worker_nodes)).node_id
+    dataset = SlowOnOneNode(1200, slow_node=slow, slow_s=0.03, fast_s=0.002)
+    kwargs = dict(batch_size=4, num_workers=4, shuffle=True)
+    expected = reference(dataset, **kwargs)
+    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
+                             distribute_mode=True, **kwargs)
+    batches = list(loader)
+    assert_batches_equal(expected, batches)
+    stats = loader.stats()
+    assert stats.moves >= 2, stats.scaling_events
+    assert any("moved workers" in e.reason for e in stats.scaling_events)
+    # Processes were placed by CPUs (one node each); most batches came from the fast one.
+    assert stats.per_node.get(slow, 0) < stats.batches / 2
+
+
+def test_a_node_that_joins_mid_epoch_is_used(cluster):
+    dataset = SlowOnOneNode(600, slow_node=None, slow_s=0, fast_s=0.04)
+    kwargs = dict(batch_size=2, num_workers=4, shuffle=True)
+    expected = reference(dataset, **kwargs)
+    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
+                             distribute_mode=True, **kwargs,
+                             worker_options=dpex.WorkerOptions(num_processes=2))
+    batches, node = [], None
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == 5:  # a bigger machine joins: placement by CPUs wants it
+            node = cluster.add_node(num_cpus=4, object_store_memory=100 * 2**20)
+    assert_batches_equal(expected, batches)
+    stats = loader.stats()
+    assert node.node_id in stats.per_node, stats.scaling_events
+    assert any("a node joined" in e.reason for e in stats.scaling_events)
+    cluster.remove_node(node)
