@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import time
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+
+# torch's loader forks its workers. Forking a process that runs Ray (a test's driver) can copy
+# a lock one of Ray's threads held, and the child hangs: the torch-mode reference loaders in
+# such processes use forkserver, as the README advises users who mix the two.
+REFERENCE_CONTEXT = multiprocessing.get_context("forkserver")
+REFERENCE_CONTEXT.set_forkserver_preload(["torch", "helpers"])
 
 
 class RangeDataset(Dataset):

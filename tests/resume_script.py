@@ -9,14 +9,21 @@ import sys
 import torch
 
 import dpex
-from helpers import AugmentedDataset
+from helpers import REFERENCE_CONTEXT, AugmentedDataset
+
+
+def mode_args(distribute_mode: bool) -> dict:
+    """dpex's Ray workers, or torch's own started by forkserver (helpers.REFERENCE_CONTEXT)."""
+    if distribute_mode:
+        return dict(distribute_mode=True)
+    return dict(distribute_mode=False, multiprocessing_context=REFERENCE_CONTEXT)
 
 
 def make_loader(distribute_mode: bool, persistent: bool) -> dpex.DataLoader:
     return dpex.DataLoader(
         AugmentedDataset(30), batch_size=4, shuffle=True, num_workers=2,
         persistent_workers=persistent, generator=torch.Generator().manual_seed(21),
-        distribute_mode=distribute_mode)
+        **mode_args(distribute_mode))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ loader for the same seed and ``num_workers``: the batches must be bitwise identi
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 
 import pytest
@@ -13,12 +12,9 @@ import torch
 
 import dpex
 from conftest import worker_env
-from helpers import AugmentedDataset, assert_batches_equal
+from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal
 
 pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
-
-_FORKSERVER = multiprocessing.get_context("forkserver")
-_FORKSERVER.set_forkserver_preload(["torch", "helpers"])
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +50,7 @@ class SlowOnOneNode(AugmentedDataset):
 
 def reference(dataset, **kwargs) -> list:
     loader = torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
-                                         multiprocessing_context=_FORKSERVER, **kwargs)
+                                         multiprocessing_context=REFERENCE_CONTEXT, **kwargs)
     return list(loader)
 
 

@@ -7,7 +7,6 @@ for the same seed: random augmentations included, the batches must be bitwise id
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 import dpex
 from conftest import free_port, worker_env
 from helpers import (
+    REFERENCE_CONTEXT,
     AugmentedDataset,
     PoisonDataset,
     ShardedIterable,
@@ -28,9 +28,6 @@ from helpers import (
 )
 
 pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
-
-_FORKSERVER = multiprocessing.get_context("forkserver")
-_FORKSERVER.set_forkserver_preload(["torch", "helpers"])
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +63,7 @@ def run(mode, dataset=None, epochs=1, fault=None, fault_after=3, options=None, *
     if mode:
         extra = dict(distribute_mode=True, worker_options=options or dpex.WorkerOptions())
     else:
-        # Forking a process that runs Ray (this one, the driver) can deadlock the child on a
-        # lock one of Ray's threads held; Ray's docs advise forkserver for torch's workers.
-        extra = dict(multiprocessing_context=_FORKSERVER)
+        extra = dict(multiprocessing_context=REFERENCE_CONTEXT)  # see helpers.REFERENCE_CONTEXT
     loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(77), **kwargs, **extra)
     batches = []
     for epoch in range(epochs):

@@ -5,7 +5,6 @@ the workers' niceness. Every case compares with torch's own loader for the same 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 
@@ -15,14 +14,15 @@ import torch
 from torch.utils.data import Dataset
 
 import dpex
-from helpers import AugmentedDataset, ShardedIterable, StatefulIterable, assert_batches_equal
+from helpers import (
+    REFERENCE_CONTEXT,
+    AugmentedDataset,
+    ShardedIterable,
+    StatefulIterable,
+    assert_batches_equal,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_local")
-
-# Forking this process, which runs Ray, can deadlock torch's worker on a lock one of Ray's
-# threads held: the reference loaders use forkserver, as Ray's docs advise.
-_FORKSERVER = multiprocessing.get_context("forkserver")
-_FORKSERVER.set_forkserver_preload(["torch", "helpers"])
 
 DATASETS = {
     "map": lambda: AugmentedDataset(48),
@@ -39,7 +39,7 @@ def loader(distribute: bool, dataset, options=None, **kwargs):
     if distribute:
         extra = dict(distribute_mode=True, worker_options=options)
     else:
-        extra = dict(multiprocessing_context=_FORKSERVER)
+        extra = dict(multiprocessing_context=REFERENCE_CONTEXT)
     cls = dpex.DataLoader if distribute else torch.utils.data.DataLoader
     return cls(dataset, generator=torch.Generator().manual_seed(11), **kwargs, **extra)
 

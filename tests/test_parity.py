@@ -8,7 +8,13 @@ import torch
 from torch.utils.data import DistributedSampler
 
 import dpex
-from helpers import AugmentedDataset, RangeDataset, ShardedIterable, assert_batches_equal
+from helpers import (
+    REFERENCE_CONTEXT,
+    AugmentedDataset,
+    RangeDataset,
+    ShardedIterable,
+    assert_batches_equal,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -57,6 +63,8 @@ def run(distribute_mode: bool, epochs: int = 1, sampler_factory=None, **kwargs) 
     sampler = sampler_factory() if sampler_factory else None
     if sampler is not None:
         kwargs["sampler"] = sampler
+    if not distribute_mode and kwargs["num_workers"] > 0:
+        kwargs.setdefault("multiprocessing_context", REFERENCE_CONTEXT)
     loader = dpex.DataLoader(generator=generator, distribute_mode=distribute_mode, **kwargs)
     batches = []
     for epoch in range(epochs):

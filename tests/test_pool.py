@@ -13,6 +13,7 @@ import torch
 import dpex
 from dpex.pool import POOL
 from helpers import (
+    REFERENCE_CONTEXT,
     AugmentedDataset,
     PidDataset,
     RangeDataset,
@@ -33,7 +34,10 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 def make(distribute: bool, dataset, seed: int, options=None, **kwargs):
     kwargs.setdefault("num_workers", 2)
     kwargs.setdefault("batch_size", 4)
-    extra = dict(distribute_mode=True, worker_options=options) if distribute else {}
+    if distribute:
+        extra = dict(distribute_mode=True, worker_options=options)
+    else:
+        extra = dict(multiprocessing_context=REFERENCE_CONTEXT)
     loader_cls = dpex.DataLoader if distribute else torch.utils.data.DataLoader
     return loader_cls(dataset, generator=torch.Generator().manual_seed(seed), **kwargs, **extra)
 

@@ -12,8 +12,13 @@ from torch.utils.data import DistributedSampler
 
 import dpex
 from conftest import SRC_DIR, TESTS_DIR, user_env
-from helpers import AugmentedDataset, ShardedIterable, StatefulIterable, assert_batches_equal
-from resume_script import make_loader
+from helpers import (
+    AugmentedDataset,
+    ShardedIterable,
+    StatefulIterable,
+    assert_batches_equal,
+)
+from resume_script import make_loader, mode_args
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -87,7 +92,7 @@ def test_resume_with_distributed_sampler_and_set_epoch(mode):
         sampler = DistributedSampler(AugmentedDataset(40), num_replicas=2, rank=1, seed=3)
         # Persistent workers: each loader starts its workers once (Ray actors take seconds).
         loader = dpex.DataLoader(AugmentedDataset(40), batch_size=3, sampler=sampler,
-                                 num_workers=2, distribute_mode=mode, persistent_workers=True,
+                                 num_workers=2, persistent_workers=True, **mode_args(mode),
                                  generator=torch.Generator().manual_seed(6))  # worker seeds
         return loader, sampler
 
@@ -116,7 +121,7 @@ def test_resume_with_distributed_sampler_and_set_epoch(mode):
 def test_iterable_dataset_resumes_through_its_own_state(mode):
     def make():
         return dpex.DataLoader(StatefulIterable(40), batch_size=3, num_workers=2,
-                               generator=torch.Generator().manual_seed(4), distribute_mode=mode)
+                               generator=torch.Generator().manual_seed(4), **mode_args(mode))
 
     expected = list(make())
     loader = make()

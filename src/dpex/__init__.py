@@ -9,11 +9,11 @@ from dpex.stats import StatsSnapshot
 from dpex.worker_info import get_worker_info
 
 __all__ = [
+    "Autoscale",
     "DataLoader",
     "DpexDataLoader",
     "StatsSnapshot",
     "WorkerOptions",
-    "Autoscale",
     "distributed",
     "get_worker_info",
     "shutdown_pool",

@@ -3,9 +3,9 @@
 NOTE [ dpex Elastic Workers ]
 
 Logical workers and processes
-  ``num_workers`` keeps torch's meaning: N logical workers (``_WorkerSlot``), task t to
+  ``num_workers`` keeps torch's meaning: N logical workers (``WorkerSlot``), task t to
   logical worker t mod N, torch's seeds, one replica and RNG stream each. Processes
-  (``_Process``, pooled Ray actors) host one or more logical workers (worker.py swaps each
+  (``ProcessHandle``, pooled Ray actors) host one or more logical workers (worker.py swaps each
   one's RNG state in before its tasks). Which process hosts a logical worker never changes
   a bit of its batches: a move is the recovery protocol used on purpose.
 
@@ -46,13 +46,14 @@ Across epochs
 from __future__ import annotations
 
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
 from dpex.scaling import AutoscalePolicy, Window, allocate, median, plan_moves, processes_for
 
 if TYPE_CHECKING:
-    from dpex.remote_iter import _Process, _RayDataLoaderIter
+    from dpex.remote_iter import ProcessHandle, _RayDataLoaderIter
 
 # Rebalance only when the loop waited more than this share of a window, and only for a
 # predicted gain of at least this factor.
@@ -68,7 +69,9 @@ class ElasticControl:
 
     def __init__(self, it: _RayDataLoaderIter, options: WorkerOptions, num_workers: int,
                  start_count: int | None) -> None:
-        self._it = it
+        # A proxy, not a reference: the iterator must die when the user drops it (its
+        # __del__ releases the processes), not wait for the cycle collector.
+        self._it = weakref.proxy(it)
         self._options = options
         self._num_workers = num_workers
         autoscale = options.autoscale
@@ -76,7 +79,7 @@ class ElasticControl:
         self._window_s = autoscale.window_s if autoscale else _WINDOW_S
         self._start_count = start_count
         self._last: tuple[float, float, int] | None = None  # (time, wait_s, batches)
-        self._swap: tuple[_Process, _Process] | None = None  # (new, old) for a new node
+        self._swap: tuple[ProcessHandle, ProcessHandle] | None = None  # (new, old) for a new node
         self._filling = False  # processes were added: move workers onto them once up
 
     def initial_processes(self) -> int:
@@ -203,7 +206,7 @@ class ElasticControl:
 
     # ----------------------------------------------------------------- helpers
 
-    def _retire(self, proc: _Process, prefer: _Process | None = None) -> None:
+    def _retire(self, proc: ProcessHandle, prefer: ProcessHandle | None = None) -> None:
         """Move ``proc``'s workers out (to ``prefer`` first, else by speed), then release it."""
         proc.retiring = True
         self._it._count_processes()
@@ -221,7 +224,7 @@ class ElasticControl:
         if not self._it._hosted(proc):
             self._it._drop_process(proc, reuse=True)
 
-    def _retirable(self) -> list[_Process]:
+    def _retirable(self) -> list[ProcessHandle]:
         """Processes that can give all their workers away, in the order to retire them:
         those still starting or hosting nothing, then the slowest. One that has started
         always stays, to take the others' workers."""
@@ -233,7 +236,7 @@ class ElasticControl:
         keep = next((p for p in reversed(busy)), None) or next(iter(started), None)
         return [p for p in empty + busy if p is not keep]
 
-    def _live(self) -> list[_Process]:
+    def _live(self) -> list[ProcessHandle]:
         return [p for p in self._it._procs if not p.dead and not p.retiring]
 
     def _moving(self) -> bool:

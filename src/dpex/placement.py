@@ -199,8 +199,9 @@ class NodePicker:
         """The node for one more process, given the nodes of the loader's other processes;
         None to let Ray choose (``spread=False``).
 
-        The node with the most CPUs per process (after adding this one) wins, ties to the
-        first in a stable order, so equal nodes fill round-robin. Nodes in ``avoid`` are
+        The node with the most CPUs per process (after adding this one) wins; ties go to the
+        node with fewer processes (spread), then to the first in a stable order, so equal
+        nodes fill round-robin. Nodes in ``avoid`` are
         skipped unless nothing else is eligible.
         """
         if not self.options.spread:
@@ -209,7 +210,8 @@ class NodePicker:
         if not cpus:
             raise NoEligibleNodeError(self.describe_request())
         nodes = sorted(n for n in cpus if n not in avoid) or sorted(cpus)
-        return max(nodes, key=lambda n: (cpus[n] / (existing.count(n) + 1), -nodes.index(n)))
+        return max(nodes, key=lambda n: (cpus[n] / (existing.count(n) + 1), -existing.count(n),
+                                         -nodes.index(n)))
 
     def capacity(self, current: int) -> int:
         """How many processes the cluster can host for this loader now: one per CPU of the

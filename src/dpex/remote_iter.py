@@ -3,7 +3,7 @@
 NOTE [ dpex Actor Lifecycle and Recovery Protocol ]
 
 Who owns what
-  The iterator owns its worker actors (one ``_WorkerSlot`` per worker id) while it runs, and
+  The iterator owns its worker actors (one ``WorkerSlot`` per worker id) while it runs, and
   the one object holding the dataset (``ray.put`` once per iterator). It takes each actor
   from this process's warm pool, or starts a new one (pool.py, its NOTE), and makes it a
   fresh worker with ``Worker.begin``. Nobody else holds the handles while the iterator runs.
@@ -54,14 +54,10 @@ What happens on each kind of failure
 
 from __future__ import annotations
 
-import atexit
 import itertools
-import re
-import threading
 import time
 import uuid
 import warnings
-import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -72,18 +68,17 @@ from ray.exceptions import (
     GetTimeoutError,
     ObjectLostError,
     RayActorError,
-    RayError,
 )
 
 from dpex import transport, user_code
 from dpex.cluster import owns_ray_session
-from dpex.pool import POOL, kill_quietly
 from dpex.elastic import ElasticControl
-from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
+from dpex.lifecycle import ProcessLifecycle, ProcessHandle, WorkerSlot, live_iterators
+from dpex.placement import NodePicker, WorkerOptions
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
 from dpex.shared_ray import connect
-from dpex.worker import END, ERROR, TaskResult, Worker, WorkerConfig
+from dpex.worker import END, ERROR, TaskResult, WorkerConfig
 
 if TYPE_CHECKING:
     from dpex.dataloader import DataLoader
@@ -91,69 +86,7 @@ if TYPE_CHECKING:
 # How long one wait on Ray may block before the iterator checks on starting workers.
 _WAIT_SLICE_S = 1.0
 
-_RemoteWorker = None
-
-
-def _remote_worker_class():
-    """``ray.remote(Worker)``, made once per process (after Ray is up)."""
-    global _RemoteWorker
-    if _RemoteWorker is None:
-        _RemoteWorker = ray.remote(Worker)
-    return _RemoteWorker
-
-
-class _Process:
-    """One worker process (a Ray actor, from the warm pool) and what the trainer knows of it."""
-
-    def __init__(self, actor: Any, node_id: str | None, serial: int) -> None:
-        self.actor = actor
-        self.node_id = node_id
-        self.serial = serial
-        self.ready_ref = None  # set while a process added by the elastic control starts
-        self.start_deadline = 0.0
-        self.dead = False
-        self.retiring = False  # its logical workers are moving out; released when empty
-        self.busy_s: float | None = None  # moving average of its time per task
-        self.samples = 0
-
-    def record(self, busy_s: float) -> None:
-        self.samples += 1
-        self.busy_s = busy_s if self.busy_s is None else 0.8 * self.busy_s + 0.2 * busy_s
-
-    def speed(self) -> float:
-        """Tasks per second while busy; 0 while unknown."""
-        return 1.0 / self.busy_s if self.busy_s else 0.0
-
-
-class _WorkerSlot:
-    """One logical worker (torch's worker id): where it runs, and what it owes the trainer."""
-
-    def __init__(self, worker_id: int) -> None:
-        self.worker_id = worker_id
-        self.process: _Process | None = None
-        self.moving_to: _Process | None = None  # set while it drains before a move
-        self.pending: deque[tuple[int, Any]] = deque()  # tasks held back while moving
-        self.ready_ref = None  # set while its replica is being made (begin)
-        self.start_deadline = 0.0
-        self.active = True  # False once its IterableDataset replica is exhausted this epoch
-        self.num_tasks = 0  # tasks dispatched and not yet handed out (torch's bookkeeping)
-        self.in_flight: dict[int, Any] = {}  # task id -> index, in submission order
-        self.position = WorkerPosition()  # after the last received result
-        self.epoch_start = WorkerPosition()  # position when this epoch began
-        self.replay_log: list[Any] = []  # IterableDataset: indices received this epoch
-        self.deaths_per_task: dict[int, int] = {}
-        self.restarts = 0
-
-    @property
-    def actor(self) -> Any:
-        return self.process.actor if self.process is not None else None
-
-    @property
-    def node_id(self) -> str | None:
-        return self.process.node_id if self.process is not None else None
-
-
-class _RayDataLoaderIter:
+class _RayDataLoaderIter(ProcessLifecycle):
     """Iterates once over a ``dpex.DataLoader``, as specified by its sampler. See the NOTE."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -201,12 +134,12 @@ class _RayDataLoaderIter:
         self._picker = NodePicker(self._options)
         self._niceness = self._options.target_niceness()
         self._id = uuid.uuid4().hex[:8]
-        self._slots = [_WorkerSlot(i) for i in range(self._num_workers)]
+        self._slots = [WorkerSlot(i) for i in range(self._num_workers)]
         if resume is not None and resume.workers:
             self._record.workers = list(resume.workers)
             for slot, position in zip(self._slots, resume.workers):
                 slot.position = position
-        self._procs: list[_Process] = []
+        self._procs: list[ProcessHandle] = []
         self._proc_serial = 0
         self._elastic = ElasticControl(self, self._options, self._num_workers,
                                        start_count=self._stats.processes or None)
@@ -217,7 +150,7 @@ class _RayDataLoaderIter:
             slot.epoch_start = slot.position
             slot.process = self._procs[slot.worker_id % len(self._procs)]
             self._begin_slot(slot)
-        _live_iterators.add(self)
+        live_iterators.add(self)
         self._reset(loader, first_iter=True, skip=resume.skip if resume is not None else 0)
 
     # ----------------------------------------------------------------- epoch control
@@ -239,7 +172,7 @@ class _RayDataLoaderIter:
         self._task_worker: dict[int, int] = {}  # task id -> worker id, until handed out
         self._results: dict[int, TaskResult] = {}
         self._arrivals: deque[int] = deque()  # received task ids, in arrival order
-        self._calls: dict[Any, tuple[_WorkerSlot, list[int]]] = {}  # ref -> slot, task ids
+        self._calls: dict[Any, tuple[WorkerSlot, list[int]]] = {}  # ref -> slot, task ids
         self._task_ref: dict[int, Any] = {}
         self._tasks_outstanding = 0
         # Task t goes to worker t mod N, also when a resumed epoch starts at t = skip.
@@ -428,229 +361,11 @@ class _RayDataLoaderIter:
             slot.in_flight[task_id] = index
             self._submit(slot, [(task_id, index)])
 
-    def _submit(self, slot: _WorkerSlot, tasks: list[tuple[int, Any]]) -> None:
+    def _submit(self, slot: WorkerSlot, tasks: list[tuple[int, Any]]) -> None:
         ref = slot.actor.fetch.remote(tasks, slot.worker_id)
         self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
         for task_id, _ in tasks:
             self._task_ref[task_id] = ref
-
-    # ----------------------------------------------------------------- processes
-
-    def _add_process(self, avoid: set[str] = frozenset(), watch: bool = False,
-                     count: bool = True) -> _Process:
-        """Take a process from the pool (or start one) on the node placement picks.
-
-        ``watch``: the process gets no logical worker until it answers (the elastic
-        control adds processes this way, so a move never waits on a cold start)."""
-        live = [p.node_id for p in self._procs if not p.dead]
-        node_id = self._picker.node_for(live, avoid)
-        self._proc_serial += 1
-        # Named, so `ray list actors` shows which loader started it.
-        name = f"dpex-{self._id}-process{self._proc_serial}"
-        proc = _Process(POOL.acquire(_remote_worker_class(), self._options, node_id, name),
-                        node_id, self._proc_serial)
-        if watch:
-            proc.ready_ref = proc.actor.ready.remote()
-            proc.start_deadline = time.monotonic() + self._options.start_timeout_s
-        self._procs.append(proc)
-        if count:
-            self._count_processes()
-        return proc
-
-    def _begin_slot(self, slot: _WorkerSlot) -> None:
-        """Make ``slot``'s replica on its process, continuing from ``slot``'s position."""
-        if self._is_iterable and slot.position.dataset_state is None:
-            # A replica that cannot seek: rewind to the epoch start, replay what was received.
-            resume = (slot.epoch_start, list(slot.replay_log))
-        else:
-            resume = (slot.position, [])
-        # A fresh replica: Ray deserialises the epoch's dataset object anew for this call.
-        slot.ready_ref = slot.actor.begin.remote(
-            self._dataset_ref, self._config, slot.worker_id, *resume, self._niceness)
-        slot.start_deadline = time.monotonic() + self._options.start_timeout_s
-
-    def _on_started(self, starting: _WorkerSlot | _Process) -> None:
-        ref, starting.ready_ref = starting.ready_ref, None
-        proc = starting if isinstance(starting, _Process) else starting.process
-        try:
-            answer = ray.get(ref)
-        except RayActorError as exc:
-            if isinstance(starting, _WorkerSlot):
-                self._raise_if_start_failed(starting, exc)
-            self._recover(proc, exc)
-            return
-        except ActorUnschedulableError as exc:
-            self._on_unschedulable(proc, exc)
-            return
-        except RayError as exc:  # begin itself failed: e.g. the dataset does not unpickle there
-            self._fail_start(starting, exc)
-        proc.node_id = answer[0]
-        if isinstance(starting, _WorkerSlot) and answer[2]:
-            self._stats.niceness_denied = True
-
-    def _raise_if_start_failed(self, slot: _WorkerSlot, exc: RayActorError) -> None:
-        """A worker whose constructor raised would fail the same way again: stop."""
-        if getattr(exc, "actor_init_failed", False):
-            self._fail_start(slot, exc)
-
-    def _fail_start(self, slot: _WorkerSlot, exc: Exception) -> None:
-        """Stop, with the cause, a worker that cannot become a worker (it cannot unpickle
-        the dataset, say): it would fail the same way again, so no recovery."""
-        self._shutdown_workers()
-        missing = re.search(r"No module named '([\w.]+)'", str(exc))
-        if missing:  # the user's code did not reach the worker's node
-            raise ModuleNotFoundError(user_code.missing_module_hint(missing[1]),
-                                      name=missing[1]) from None
-        raise RuntimeError(f"dpex worker {getattr(slot, 'worker_id', '')} failed to start: "
-                           f"{exc}") from None
-
-    def _on_unschedulable(self, proc: _Process, exc: Exception) -> None:
-        """Ray refused the placement: the node vanished (retry elsewhere) or can never fit."""
-        if proc.node_id in eligible_nodes(self._options, self._picker.trainer_node_id):
-            self._shutdown_workers()
-            raise RuntimeError(
-                f"dpex worker process cannot be placed: wanted "
-                f"{self._picker.describe_request()} ({exc})"
-            ) from None
-        self._recover(proc, exc)
-
-    def _check_start_deadlines(self) -> None:
-        now = time.monotonic()
-        for slot in self._slots:
-            if slot.ready_ref is not None and now > slot.start_deadline:
-                self._shutdown_workers()
-                raise RuntimeError(
-                    f"dpex worker {slot.worker_id} did not start within "
-                    f"{self._options.start_timeout_s}s: wanted {self._picker.describe_request()}"
-                )
-        for proc in self._procs:  # an extra process that cannot start: do without it
-            if proc.ready_ref is not None and now > proc.start_deadline:
-                self._elastic.note(f"process {proc.serial} did not start within "
-                                   f"{self._options.start_timeout_s}s; going on without it")
-                proc.ready_ref = None
-                self._drop_process(proc, reuse=False)
-
-    def _recover(self, proc: _Process, cause: Exception) -> None:
-        """Replace the dead process ``proc``: its logical workers continue on another one
-        from their positions, and what they owed is resubmitted in order. See the NOTE."""
-        if proc.dead:
-            return
-        proc.dead = True
-        hosted = [slot for slot in self._slots if slot.process is proc]
-        # Calls run in submission order, so the earliest outstanding one was running.
-        running = next(((slot, ids) for slot, ids in self._calls.values()
-                        if slot.process is proc), None)
-        if running is not None:
-            slot, (first_task, *_) = running
-            deaths = slot.deaths_per_task.get(first_task, 0) + 1
-            slot.deaths_per_task[first_task] = deaths
-            if deaths > self._options.max_task_retries:
-                self._shutdown_workers()
-                raise RuntimeError(
-                    f"dpex worker {slot.worker_id} died {deaths} times while loading sample "
-                    f"indices {slot.in_flight[first_task]!r} (task {first_task}); giving up on "
-                    f"this batch. Last cause: {cause}"
-                ) from None
-        self._drop_process(proc, reuse=False)
-        self._stats.worker_restarts += 1
-        for slot in self._slots:
-            if slot.moving_to is proc:  # it stays where it is; what it held back goes there
-                slot.moving_to = None
-                self._flush_pending(slot)
-        replacement = None
-        for slot in hosted:
-            if slot.moving_to is not None:  # it was leaving anyway: arrive now
-                slot.process, slot.moving_to = slot.moving_to, None
-            else:
-                if replacement is None or replacement.dead:
-                    try:
-                        # Prefer another node: Ray may not have noticed yet that this one is gone.
-                        replacement = self._add_process(avoid={proc.node_id} - {None})
-                    except NoEligibleNodeError:
-                        self._shutdown_workers()
-                        raise
-                slot.process = replacement
-            lost = list(slot.in_flight.items())
-            for ref in [r for r, (s, _) in self._calls.items() if s is slot]:
-                del self._calls[ref]
-            slot.restarts += 1
-            self._begin_slot(slot)
-            for task_id, index in lost:
-                self._submit(slot, [(task_id, index)])
-            self._flush_pending(slot)
-
-    # ----------------------------------------------------------------- moves (elastic.py)
-
-    def _movable(self, slot: _WorkerSlot) -> bool:
-        """Only between two of its tasks (it drains first), and if its replica can seek."""
-        return (slot.moving_to is None and slot.active
-                and not (self._is_iterable and slot.position.dataset_state is None))
-
-    def _move(self, slot: _WorkerSlot, dest: _Process) -> None:
-        """Move logical worker ``slot`` to ``dest``: it drains (new tasks wait in
-        ``pending``), then continues on ``dest`` from its position. Batches are unchanged."""
-        slot.moving_to = dest
-        if not slot.in_flight:
-            self._finish_move(slot)
-
-    def _finish_move(self, slot: _WorkerSlot) -> None:
-        source, slot.process, slot.moving_to = slot.process, slot.moving_to, None
-        source.actor.drop.remote(slot.worker_id)
-        self._stats.moves += 1
-        self._begin_slot(slot)
-        self._flush_pending(slot)
-        if source.retiring and not self._hosted(source):
-            self._drop_process(source, reuse=True)
-
-    def _flush_pending(self, slot: _WorkerSlot) -> None:
-        while slot.pending:
-            task_id, index = slot.pending.popleft()
-            slot.in_flight[task_id] = index
-            self._submit(slot, [(task_id, index)])
-
-    def _hosted(self, proc: _Process) -> list[_WorkerSlot]:
-        return [s for s in self._slots if s.process is proc or s.moving_to is proc]
-
-    def _drop_process(self, proc: _Process, reuse: bool) -> None:
-        """Forget ``proc``: back to the pool when ``reuse`` (it hosts nothing), else killed."""
-        if proc in self._procs:
-            self._procs.remove(proc)
-        if reuse and proc.ready_ref is None and not proc.dead:
-            POOL.release(proc.actor, self._options, proc.node_id)
-        else:
-            kill_quietly(proc.actor)
-        self._count_processes()
-
-    def _count_processes(self) -> None:
-        self._stats.set_processes(sum(not (p.dead or p.retiring) for p in self._procs))
-
-    def _shutdown_workers(self, reuse: bool = False, epoch_done: bool = False) -> None:
-        """Release the processes: back to the pool when ``reuse`` and a process owes nothing
-        (its tasks would otherwise still run ahead of the next loader's), else killed.
-
-        ``epoch_done``: the epoch ran to its end. What is still in flight then is only the
-        extra tasks of exhausted IterableDataset replicas (torch drops them likewise): each
-        answers END at once, so the actor is kept; its next ``begin`` runs after them."""
-        if self._shutdown:
-            return
-        self._shutdown = True
-        busy = {slot.process for slot in self._slots if slot.in_flight}
-        for proc in list(self._procs):
-            keep = reuse and proc.ready_ref is None and (epoch_done or proc not in busy)
-            if keep:
-                POOL.release(proc.actor, self._options, proc.node_id)
-            else:
-                kill_quietly(proc.actor)
-        self._procs = []
-        for slot in self._slots:
-            slot.process = slot.moving_to = slot.ready_ref = None
-            slot.in_flight.clear()
-            slot.pending.clear()
-        self._calls = {}
-        self._task_ref = {}
-        self._results = {}
-        self._dataset_ref = None
-        _live_iterators.discard(self)
 
     def __del__(self) -> None:
         try:
@@ -679,15 +394,3 @@ class _RayDataLoaderIter:
 
     def __getstate__(self):
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
-
-
-_live_iterators: weakref.WeakSet[_RayDataLoaderIter] = weakref.WeakSet()
-_exit_lock = threading.Lock()
-
-
-@atexit.register
-def _shutdown_all_at_exit() -> None:
-    # Registered after ray's own atexit hook is imported, so it runs before Ray shuts down.
-    with _exit_lock:
-        for it in list(_live_iterators):
-            it._shutdown_workers()
