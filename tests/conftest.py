@@ -63,3 +63,17 @@ def ray_local():
             logging_level="ERROR",
         )
     yield ray
+
+
+# Modules that replace the shared local session with a simulated multi-node cluster of their
+# own (ray.shutdown() first). They run last, in this order, so that the local session above
+# starts once for the whole suite instead of again after each of them.
+REPLACE_THE_SESSION = ("test_webdataset.py", "test_cluster.py", "test_cluster_recovery.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return REPLACE_THE_SESSION.index(name) + 1 if name in REPLACE_THE_SESSION else 0
+
+    items.sort(key=rank)  # stable: the order within each module is kept
