@@ -40,6 +40,60 @@ def worker_job_config():
     return JobConfig(_py_driver_sys_path=[SRC_DIR, TESTS_DIR])  # inserted in turn: tests first
 
 
+class Job:
+    """A command started now, in the background; ``result()`` waits for it.
+
+    For modules with several independent, mostly single-threaded subprocess jobs (a Python
+    importing torch, a Ray starting): started together, they overlap instead of queueing.
+    Output goes to files, not pipes, so a job never stalls on a full pipe nobody reads yet.
+    """
+
+    def __init__(self, command: list[str], timeout: float, **popen) -> None:
+        import subprocess
+        import tempfile
+        import time
+
+        self.command, self.timeout = command, timeout
+        self._deadline = time.monotonic() + timeout
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        # Its own process group, so that stop() ends what it started (ranks, an embedded Ray).
+        self._proc = subprocess.Popen(command, stdout=self._out, stderr=self._err, text=True,
+                                      start_new_session=True, **popen)
+        self._done: tuple[int, str, str] | None = None
+
+    def _output(self) -> tuple[str, str]:
+        for f in (self._out, self._err):
+            f.seek(0)
+        return self._out.read(), self._err.read()
+
+    def result(self) -> tuple[int, str, str]:
+        """``(returncode, stdout, stderr)``; kills the job if it runs past its timeout."""
+        import subprocess
+        import time
+
+        if self._done is None:
+            try:
+                self._proc.wait(timeout=max(1.0, self._deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stop()
+                out, err = self._output()
+                raise AssertionError(f"{self.command} ran past {self.timeout} s:\n"
+                                     f"{out[-3000:]}\n{err[-3000:]}") from None
+            self._done = (self._proc.returncode, *self._output())
+        return self._done
+
+    def stop(self) -> None:
+        """Kill the job's process group if the job is still running."""
+        import signal
+
+        if self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc.wait()
+
+
 def free_port() -> int:
     import socket
 
