@@ -26,10 +26,72 @@ def user_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def worker_env() -> dict:
-    """runtime_env that lets Ray workers import the test helpers and the package."""
-    path = os.pathsep.join([TESTS_DIR, SRC_DIR, *sys.path])
-    return {"env_vars": {"PYTHONPATH": path}}
+def worker_job_config():
+    """A JobConfig that lets Ray workers import the test helpers and this checkout's package.
+
+    Ray puts these directories at the front of each worker's ``sys.path`` when the worker
+    starts work for this job (as it does with the driver's script directory). Unlike a job
+    ``runtime_env`` with ``PYTHONPATH``, this leaves the job on Ray's default runtime
+    environment, so actors can start in the worker processes Ray prestarts with the node,
+    instead of each waiting for a new interpreter.
+    """
+    from ray.job_config import JobConfig
+
+    return JobConfig(_py_driver_sys_path=[SRC_DIR, TESTS_DIR])  # inserted in turn: tests first
+
+
+class Job:
+    """A command started now, in the background; ``result()`` waits for it.
+
+    For modules with several independent, mostly single-threaded subprocess jobs (a Python
+    importing torch, a Ray starting): started together, they overlap instead of queueing.
+    Output goes to files, not pipes, so a job never stalls on a full pipe nobody reads yet.
+    """
+
+    def __init__(self, command: list[str], timeout: float, **popen) -> None:
+        import subprocess
+        import tempfile
+        import time
+
+        self.command, self.timeout = command, timeout
+        self._deadline = time.monotonic() + timeout
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        # Its own process group, so that stop() ends what it started (ranks, an embedded Ray).
+        self._proc = subprocess.Popen(command, stdout=self._out, stderr=self._err, text=True,
+                                      start_new_session=True, **popen)
+        self._done: tuple[int, str, str] | None = None
+
+    def _output(self) -> tuple[str, str]:
+        for f in (self._out, self._err):
+            f.seek(0)
+        return self._out.read(), self._err.read()
+
+    def result(self) -> tuple[int, str, str]:
+        """``(returncode, stdout, stderr)``; kills the job if it runs past its timeout."""
+        import subprocess
+        import time
+
+        if self._done is None:
+            try:
+                self._proc.wait(timeout=max(1.0, self._deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stop()
+                out, err = self._output()
+                raise AssertionError(f"{self.command} ran past {self.timeout} s:\n"
+                                     f"{out[-3000:]}\n{err[-3000:]}") from None
+            self._done = (self._proc.returncode, *self._output())
+        return self._done
+
+    def stop(self) -> None:
+        """Kill the job's process group if the job is still running."""
+        import signal
+
+        if self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc.wait()
 
 
 def free_port() -> int:
@@ -50,10 +112,22 @@ def ray_local():
             address="local",  # never join a cluster another test module recorded
             num_cpus=4,
             object_store_memory=256 * 1024 * 1024,
-            include_dashboard=True,  # ray.util.state, for the leak checks, needs it
-            dashboard_host="127.0.0.1",
-            dashboard_port=free_port(),
-            runtime_env=worker_env(),
+            include_dashboard=False,  # the leak checks read the GCS actor table directly
+            job_config=worker_job_config(),
             logging_level="ERROR",
         )
     yield ray
+
+
+# Modules that replace the shared local session with a simulated multi-node cluster of their
+# own (ray.shutdown() first). They run last, in this order, so that the local session above
+# starts once for the whole suite instead of again after each of them.
+REPLACE_THE_SESSION = ("test_webdataset.py", "test_cluster.py", "test_cluster_recovery.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return REPLACE_THE_SESSION.index(name) + 1 if name in REPLACE_THE_SESSION else 0
+
+    items.sort(key=rank)  # stable: the order within each module is kept

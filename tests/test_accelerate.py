@@ -5,7 +5,6 @@ and in 2 (torchrun, gloo)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import warnings
 
@@ -15,22 +14,36 @@ import torch
 pytest.importorskip("accelerate")
 
 from accelerate_script import EPOCHS, HEAD, NUM_SAMPLES  # noqa: E402
+from conftest import Job  # noqa: E402
 from helpers import RangeDataset, assert_batches_equal  # noqa: E402
 from test_ddp import TESTS_DIR, hermetic_env  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
-def ranks(request, tmp_path_factory) -> list[dict]:
-    processes = request.param
-    out = tmp_path_factory.mktemp(f"accelerate{processes}")
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict:
+    """The 1-process run and the 2-process torchrun job, started together (each mostly
+    waits on single-threaded steps: Pythons importing torch, a Ray starting)."""
     script = f"{TESTS_DIR}/accelerate_script.py"
-    launcher = ([] if processes == 1 else
-                ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"])
-    proc = subprocess.run([sys.executable, *launcher, script, str(out)], env=hermetic_env(),
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, f"failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    started = {}
+    for processes in (1, 2):
+        out = tmp_path_factory.mktemp(f"accelerate{processes}")
+        launcher = ([] if processes == 1 else
+                    ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"])
+        started[processes] = out, Job([sys.executable, *launcher, script, str(out)], 280,
+                                      env=hermetic_env())
+    yield started
+    for _, job in started.values():
+        job.stop()
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
+def ranks(request, jobs) -> list[dict]:
+    processes = request.param
+    out, job = jobs[processes]
+    returncode, stdout, stderr = job.result()
+    assert returncode == 0, f"failed:\n{stdout[-4000:]}\n{stderr[-4000:]}"
     return [torch.load(out / f"rank{r}.pt") for r in range(processes)]
 
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import SRC_DIR, TESTS_DIR, free_port, user_env
+from conftest import SRC_DIR, TESTS_DIR, user_env
 from helpers import alive_actor_count, wait_until
 
 PRELUDE = """
@@ -68,26 +68,20 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
     assert out[1] == {"ray_up_at_exit": False}
 
 
-def test_users_own_ray_session_is_used_and_left_running():
-    out = run_script("""
-        ctx = ray.init(address="local", num_cpus=2, include_dashboard=False)
-        node_before = ray.get_runtime_context().get_node_id()
-        batches = run()
-        import gc; gc.collect()
-        print(json.dumps({"batches": batches, "owns": cluster.owns_ray_session(),
-                          "up": ray.is_initialized(),
-                          "same_node": ray.get_runtime_context().get_node_id() == node_before}))
-    """)
-    assert out[0] == {"batches": [[0, 1], [2, 3], [4, 5], [6, 7]], "owns": False, "up": True,
-                      "same_node": True}
-
-
-def test_the_warm_pool_forgets_the_processes_of_a_session_the_user_shut_down():
-    out = run_script("""
+@pytest.fixture(scope="module")
+def users_own_sessions() -> list[dict]:
+    """One fresh interpreter for both tests of a session the user opened with ray.init():
+    it uses one, then shuts it down and opens another."""
+    return run_script("""
         from dpex.pool import POOL
         ray.init(address="local", num_cpus=2, include_dashboard=False)
+        node_before = ray.get_runtime_context().get_node_id()
         first = run()
         idle = POOL.idle_count()  # the two processes, warm
+        import gc; gc.collect()
+        print(json.dumps({"batches": first, "owns": cluster.owns_ray_session(),
+                          "up": ray.is_initialized(),
+                          "same_node": ray.get_runtime_context().get_node_id() == node_before}))
         ray.shutdown()  # they go with the session...
         ray.init(address="local", num_cpus=2, include_dashboard=False)
         created = POOL.created
@@ -95,19 +89,41 @@ def test_the_warm_pool_forgets_the_processes_of_a_session_the_user_shut_down():
         print(json.dumps({"same": first == second, "idle_before": idle,
                           "created": POOL.created - created, "idle_after": POOL.idle_count()}))
     """)
-    assert out[0] == {"same": True, "idle_before": 2, "created": 2, "idle_after": 2}
+
+
+def test_users_own_ray_session_is_used_and_left_running(users_own_sessions):
+    assert users_own_sessions[0] == {"batches": [[0, 1], [2, 3], [4, 5], [6, 7]], "owns": False,
+                                     "up": True, "same_node": True}
+
+
+def test_the_warm_pool_forgets_the_processes_of_a_session_the_user_shut_down(users_own_sessions):
+    assert users_own_sessions[1] == {"same": True, "idle_before": 2, "created": 2,
+                                     "idle_after": 2}
+
+
+UNREACHABLE = ["127.0.0.1:1", "ray://127.0.0.1:2"]
+
+
+@pytest.fixture(scope="module")
+def unreachable_errors() -> dict[str, str]:
+    """Each unreachable address tried in turn, in one fresh interpreter: the failures happen
+    before any Ray starts, so one leaves nothing behind for the next."""
+    out = run_script(f"""
+        errors = {{}}
+        for address in {UNREACHABLE!r}:
+            try:
+                run(head_address=address)
+            except ConnectionError as exc:
+                errors[address] = str(exc)
+        print(json.dumps({{"errors": errors}}))
+    """, timeout=60)
+    return out[0]["errors"]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:2"])
-def test_unreachable_address_fails_fast_naming_it(address):
-    out = run_script(f"""
-        try:
-            run(head_address={address!r})
-        except ConnectionError as exc:
-            print(json.dumps({{"error": str(exc)}}))
-    """)
-    assert address in out[0]["error"]
+@pytest.mark.parametrize("address", UNREACHABLE)
+def test_unreachable_address_fails_fast_naming_it(address, unreachable_errors):
+    assert address in unreachable_errors[address]
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +134,7 @@ def running_cluster():
 
     ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-        "dashboard_port": free_port()})
+        "num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, logging_level="ERROR")
     yield cluster

@@ -16,7 +16,7 @@ import ray
 import torch
 
 import dpex
-from conftest import free_port, worker_env
+from conftest import worker_job_config
 from helpers import (
     REFERENCE_CONTEXT,
     AugmentedDataset,
@@ -38,15 +38,14 @@ def cluster():
 
     ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-        "dashboard_port": free_port(), "object_store_memory": 100 * 2**20,
+        "num_cpus": 1, "include_dashboard": False, "object_store_memory": 100 * 2**20,
         "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
     })
     for i in range(3):
         cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20,
                          resources={"preproc": 2} if i == 2 else {},
                          labels={"role": "preprocess"} if i == 2 else {})
-    ray.init(address=cluster.address, runtime_env=worker_env(), logging_level="ERROR")
+    ray.init(address=cluster.address, job_config=worker_job_config(), logging_level="ERROR")
     yield cluster
     ray.shutdown()
     cluster.shutdown()

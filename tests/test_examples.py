@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -21,19 +20,41 @@ EXAMPLES = os.path.join(REPO, "examples")
 TINY = ["--epochs=1", "--limit=96", "--batch-size=32", "--workers=2", "--head-address=embedded"]
 
 sys.path.insert(0, EXAMPLES)
-from conftest import user_env  # noqa: E402
+from conftest import Job, user_env  # noqa: E402
 from accuracy_table import build_markdown, compare_modes  # noqa: E402
 from common.report import EpochLog, RunRecord  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 
-def run(command: list[str], timeout: float = 240) -> str:
-    proc = subprocess.run(command, cwd=REPO, env=user_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=timeout)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{command} failed:\n{output[-6000:]}"
-    return proc.stdout
+def start(command: list[str], timeout: float = 240) -> Job:
+    return Job(command, timeout, cwd=REPO, env=user_env(OMP_NUM_THREADS="1"))
+
+
+def stdout_of(job: Job) -> str:
+    returncode, out, err = job.result()
+    assert returncode == 0, f"{job.command} failed:\n{(out + err)[-6000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The three example runs, started together (each is a chain of single-threaded steps:
+    a Python importing torch, a Ray starting); each test below waits for its own."""
+    out = tmp_path_factory.mktemp("examples")
+    jobs = {
+        "single": start([sys.executable, os.path.join(EXAMPLES, "accuracy_table.py"),
+                         "--setups=single", "--epochs=1", "--limit=96", "--batch-size=32",
+                         "--head-address=embedded", f"--out={out / 'table.md'}"]),
+        "dp": start([sys.executable, os.path.join(EXAMPLES, "data_parallel.py"), *TINY,
+                     "--no-distribute-mode", f"--results-json={out / 'dp.json'}"]),
+        "ddp": start([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                      "--nproc_per_node=2", os.path.join(EXAMPLES, "ddp.py"), *TINY,
+                      "--workers=1", "--distribute-mode", f"--results-json={out / 'ddp.json'}"]),
+    }
+    yield out, jobs
+    for job in jobs.values():
+        job.stop()
 
 
 def read_record(path) -> dict:
@@ -43,33 +64,28 @@ def read_record(path) -> dict:
     return record
 
 
-def test_single_device_both_modes_identical(tmp_path):
-    out = tmp_path / "table.md"
-    stdout = run([sys.executable, os.path.join(EXAMPLES, "accuracy_table.py"), "--setups=single",
-                  "--epochs=1", "--limit=96", "--batch-size=32", "--head-address=embedded",
-                  f"--out={out}"])
+def test_single_device_both_modes_identical(runs):
+    out, jobs = runs
+    stdout = stdout_of(jobs["single"])
     assert "single device: identical" in stdout
     assert stdout.count("epoch 1/1") == 2 and "embedded, started by this process" in stdout
-    table = out.read_text()
+    table = (out / "table.md").read_text()
     assert "| single device | True |" in table and "| single device | False |" in table
 
 
-def test_data_parallel_runs_on_cpu(tmp_path):
-    results = tmp_path / "dp.json"
-    stdout = run([sys.executable, os.path.join(EXAMPLES, "data_parallel.py"), *TINY,
-                  "--no-distribute-mode", f"--results-json={results}"])
+def test_data_parallel_runs_on_cpu(runs):
+    out, jobs = runs
+    stdout = stdout_of(jobs["dp"])
     assert "nn.DataParallel runs the module on the CPU" in stdout
-    record = read_record(results)
+    record = read_record(out / "dp.json")
     assert record["setup"] == "DataParallel" and len(record["log"]) == 1
 
 
-def test_ddp_two_ranks_shared_ray(tmp_path):
-    results = tmp_path / "ddp.json"
-    stdout = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                  "--nproc_per_node=2", os.path.join(EXAMPLES, "ddp.py"), *TINY, "--workers=1",
-                  "--distribute-mode", f"--results-json={results}"])
+def test_ddp_two_ranks_shared_ray(runs):
+    out, jobs = runs
+    stdout = stdout_of(jobs["ddp"])
     assert "DDP (2 ranks, gloo, cpu)" in stdout and "epoch 1/1" in stdout
-    record = read_record(results)
+    record = read_record(out / "ddp.json")
     assert record["world_size"] == 2 and len(record["step_losses"]) == 2
     # 96 samples, 16 per rank and step: 3 steps on each rank.
     assert [len(rank) for rank in record["step_losses"]] == [3, 3]

@@ -179,7 +179,7 @@ def two_worker_nodes():
     ``ray_local`` starts a fresh one.
     """
     import ray
-    from conftest import free_port, worker_env
+    from conftest import free_port, worker_job_config
     from ray.cluster_utils import Cluster
 
     ray.shutdown()
@@ -195,7 +195,7 @@ def two_worker_nodes():
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20)
-        ray.init(address=cluster.address, runtime_env=worker_env(), logging_level="ERROR")
+        ray.init(address=cluster.address, job_config=worker_job_config(), logging_level="ERROR")
         yield cluster
     finally:
         ray.shutdown()

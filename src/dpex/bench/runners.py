@@ -204,6 +204,13 @@ def run_interleaved(loaders: list[str], workload: Workload, workers: int, epochs
         live.clear()
         built = None
         gc.collect()
+        if "dpex-ray" in loaders:
+            # A dpex-ray loader gives its processes to dpex's warm pool, where they would
+            # stay (idle_timeout_s, 2 min): the wait below would always run out, and the
+            # next run would start on this run's warm processes, with them in its baseline.
+            import dpex
+
+            dpex.shutdown_pool()
         wait_for_workers_to_exit()
     return records
 
