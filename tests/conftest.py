@@ -112,7 +112,9 @@ def ray_local():
             address="local",  # never join a cluster another test module recorded
             num_cpus=4,
             object_store_memory=256 * 1024 * 1024,
-            include_dashboard=False,  # the leak checks read the GCS actor table directly
+            include_dashboard=True,  # ray.util.state, for the leak checks, needs it
+            dashboard_host="127.0.0.1",
+            dashboard_port=free_port(),
             job_config=worker_job_config(),
             logging_level="ERROR",
         )

@@ -111,18 +111,22 @@ def _assert_same(a, b, where: str) -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def _actor_table(class_name: str, alive_only: bool) -> list[dict]:
-    """Actors of a class in this process's Ray session, from the GCS actor table: the record
-    Ray's state API (``ray.util.state.list_actors``) serves, read without a dashboard."""
-    from ray._private import state
+def _list_actors(class_name: str, alive_only: bool) -> list:
+    """Actors of a class in this process's Ray session, from Ray's state API."""
+    from ray._private.worker import get_dashboard_url
+    from ray.util.state import list_actors
 
-    actors = state.actors(actor_state_name="ALIVE" if alive_only else None).values()
-    return [a for a in actors if a["ActorClassName"] == class_name]
+    filters = [("class_name", "=", class_name)]
+    if alive_only:
+        filters.append(("state", "=", "ALIVE"))
+    return list_actors(
+        address=f"http://{get_dashboard_url()}",  # this session's, not another on the machine
+        filters=filters, detail=True, limit=10000, raise_on_missing_output=False)
 
 
 def alive_actor_count(class_name: str = "Worker") -> int:
     """ALIVE actors of a class in this process's Ray session."""
-    return len(_actor_table(class_name, alive_only=True))
+    return len(_list_actors(class_name, alive_only=True))
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2) -> bool:
@@ -183,9 +187,9 @@ class PoisonDataset(RangeDataset):
         return super().__getitem__(i)
 
 
-def worker_actors(alive_only: bool = True) -> list[dict]:
-    """dpex worker actors of this session (``Pid``, ``Address.NodeID``, ``ActorID``...)."""
-    return _actor_table("Worker", alive_only)
+def worker_actors(alive_only: bool = True) -> list:
+    """dpex worker actors of this session (pid, node_id, actor_id), from Ray's state API."""
+    return _list_actors("Worker", alive_only)
 
 
 class StatefulIterable(IterableDataset):

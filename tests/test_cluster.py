@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import SRC_DIR, TESTS_DIR, user_env
+from conftest import SRC_DIR, TESTS_DIR, free_port, user_env
 from helpers import alive_actor_count, wait_until
 
 PRELUDE = """
@@ -134,7 +134,8 @@ def running_cluster():
 
     ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False})
+        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+        "dashboard_port": free_port()})  # ray.util.state, for the leak check, needs it
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, logging_level="ERROR")
     yield cluster

@@ -16,7 +16,7 @@ import ray
 import torch
 
 import dpex
-from conftest import worker_job_config
+from conftest import free_port, worker_job_config
 from helpers import (
     REFERENCE_CONTEXT,
     AugmentedDataset,
@@ -38,7 +38,8 @@ def cluster():
 
     ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "object_store_memory": 100 * 2**20,
+        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+        "dashboard_port": free_port(), "object_store_memory": 100 * 2**20,
         "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
     })
     for i in range(3):
