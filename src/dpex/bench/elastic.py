@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import gc
 import json
-import math
 import os
 import subprocess
 import sys
@@ -232,6 +231,12 @@ def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
             nice.update(batch["nice"].unique().tolist())
         del batch
     rec.epochs.append(Epoch(time.perf_counter() - t0, items, batches))
+    stats = getattr(loader, "stats", None)  # dpex's: what elastic workers report, if any
+    if stats is not None:
+        snap = stats()
+        for name in ("processes", "niceness_denied", "moves"):
+            if hasattr(snap, name):
+                rec.extra[name] = getattr(snap, name)
     if per_node:
         totals = Counter(rec.extra.get("items_per_node", {}))
         totals.update({str(k): v for k, v in per_node.items()})
@@ -372,12 +377,11 @@ def run_schedule(rec: ElasticRecord, loader, steps: list[float], phase_s: float)
         if phase >= len(steps):
             break
         try:
-            batch = next(it)
+            next(it)  # the loop only waits for the batch; it is dropped at once
         except StopIteration:
             it = iter(loader)
             continue
         wait = time.perf_counter() - t0 - t
-        del batch
         processes = getattr(stats(), "processes", fixed) if stats else fixed
         samples.append([round(t, 4), round(wait, 5), phase, processes])
         time.sleep(steps[phase])
@@ -508,6 +512,7 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None]
             f"{cluster.node_cores}; the trainer on node 0")
         records = _run_child(cluster.pinned(0, _child_command("scaleout", spec)), plain_env(),
                              log, timeout_s=3600)
+        _note_cluster(records, cluster)
     return records, notes
 
 
@@ -532,7 +537,7 @@ def run_unequal(config: ElasticConfig, log: Callable[[str], None]
         return [], [f"unequal: {reason}"]
     mode, note = niceness_mode()
     notes = [note] if note else []
-    with NodeCluster(2, cpn) as cluster, BusyLoop(cluster.node_cores[1]):
+    with NodeCluster(2, cpn) as cluster, BusyLoop(cluster.node_cores[1]) as busy:
         spec = {"address": cluster.address, "node_cores": cluster.node_cores,
                 "workers": config.workers_for("unequal"), "epochs": config.epochs,
                 "repeats": config.repeats, "niceness_mode": mode,
@@ -542,7 +547,16 @@ def run_unequal(config: ElasticConfig, log: Callable[[str], None]
             f"process on each of node 1's cores; niceness: {mode}")
         records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
                              log, timeout_s=3600)
+        _note_cluster(records, cluster, busy)
     return records, notes
+
+
+def _note_cluster(records: list[ElasticRecord], cluster, busy=None) -> None:
+    """What was started for these records (so a test can check it is all gone after)."""
+    raylets = cluster.raylet_pids()
+    for rec in records:
+        rec.extra.update(raylet_pids=raylets, ray_temp_dir=cluster.temp_dir,
+                         busy_pids=[p.pid for p in busy.procs] if busy else [])
 
 
 def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
@@ -552,7 +566,7 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
     notes = []
     auto = has_autoscale()
     if not auto:
-        notes.append("autoscale dpex: skipped: needs elastic workers (dpex.Autoscale and "
+        notes.append("dpex on autoscale: needs elastic workers (dpex.Autoscale and "
                      "WorkerOptions(autoscale=...) are not in this dpex); torch's reference ran")
     workers = config.workers_for("autoscale")
     spec = {"workers": workers, "max_processes": workers, "repeats": config.repeats,

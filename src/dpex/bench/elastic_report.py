@@ -420,27 +420,27 @@ class ElasticResults:
 
 
 def report(records: list[ElasticRecord], out: Path, title: str = "",
-           cores_per_node: int | None = None) -> ElasticResults:
-    """Tables, targets and one PNG per elastic workload present in ``records``."""
-    tables, targets, plots, errors = [], [], [], []
+           cores_per_node: int | None = None, plots: bool = True) -> ElasticResults:
+    """Tables, targets and (``plots``) one PNG per elastic workload present in ``records``."""
+    tables, targets, pngs, errors = [], [], [], []
     workloads = {r.workload for r in records}
     if "scaleout" in workloads:
         rows = summarise_scaleout(records)
         tables.append(scaleout_table(rows, cores_per_node))
         targets += scaleout_targets(rows)
-        if rows:
-            plots.append(plot_scaleout(rows, out / "scaleout.png", f"scaleout {title}"))
+        if rows and plots:
+            pngs.append(plot_scaleout(rows, out / "scaleout.png", f"scaleout {title}"))
     if "unequal" in workloads:
         rows = summarise_unequal(records)
         tables.append(unequal_table(rows))
         targets += unequal_targets(rows)
-        if rows:
-            plots.append(plot_unequal(rows, out / "unequal.png", f"unequal {title}"))
+        if rows and plots:
+            pngs.append(plot_unequal(rows, out / "unequal.png", f"unequal {title}"))
     if "autoscale" in workloads:
         rows = summarise_autoscale(records)
         tables.append(autoscale_table(rows, records))
-        if rows:
-            plots.append(plot_autoscale(records, out / "autoscale.png", f"autoscale {title}"))
+        if rows and plots:
+            pngs.append(plot_autoscale(records, out / "autoscale.png", f"autoscale {title}"))
     for name in ("scaleout", "unequal", "autoscale"):
         errors += [f"{name}: {e}" for e in _errors(records, name)]
-    return ElasticResults([t for t in tables if t], targets, plots, errors)
+    return ElasticResults([t for t in tables if t], targets, pngs, errors)
