@@ -41,6 +41,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -569,6 +570,13 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
         notes.append("dpex on autoscale: needs elastic workers (dpex.Autoscale and "
                      "WorkerOptions(autoscale=...) are not in this dpex); torch's reference ran")
     workers = config.workers_for("autoscale")
+    from dpex.bench.nodes import usable_cores
+
+    most = math.ceil(LOAD / min(PHASES) - 1e-9)
+    if most > len(usable_cores()):
+        notes.append(f"autoscale: the fastest phase needs about {most} worker processes and "
+                     f"this machine gives {len(usable_cores())} cores: its stalls measure the "
+                     "machine, not the autoscaler")
     spec = {"workers": workers, "max_processes": workers, "repeats": config.repeats,
             "phase_s": PHASE_S[config.size], "autoscale": auto,
             "calibration_batches": CALIBRATION_BATCHES[config.size],
