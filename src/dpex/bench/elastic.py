@@ -152,7 +152,8 @@ def has_autoscale() -> bool:
 
 def can_lower_niceness() -> bool:
     """Whether this user may lower a process's niceness (root, or RLIMIT_NICE allows)."""
-    code = "import os; os.setpriority(os.PRIO_PROCESS, 0, 10); os.setpriority(os.PRIO_PROCESS, 0, 0)"
+    code = ("import os; os.setpriority(os.PRIO_PROCESS, 0, 10); "
+            "os.setpriority(os.PRIO_PROCESS, 0, 0)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 

@@ -30,7 +30,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def progress_line(rec: ElasticRecord) -> str:
-    head = f"  {rec.workload:9} {rec.loader:17} nodes={rec.nodes} N={rec.workers} repeat {rec.repeat}"
+    head = (f"  {rec.workload:9} {rec.loader:17} nodes={rec.nodes} N={rec.workers} "
+            f"repeat {rec.repeat}")
     if rec.error:
         return f"{head}: {rec.error}"
     if rec.workload == "autoscale":
@@ -82,7 +83,8 @@ def summarise_scaleout(records: list[ElasticRecord]) -> list[ScaleRow]:
     for r in ok:
         groups[(r.loader, r.nodes)].append(r)
     rows = []
-    for (loader, nodes), recs in sorted(groups.items(), key=lambda g: (g[0][0] != "torch", g[0][1])):
+    order = sorted(groups.items(), key=lambda g: (g[0][0] != "torch", g[0][1]))
+    for (loader, nodes), recs in order:
         ratios = []
         for r in recs:
             base = repeats[r.repeat].get(("torch", 1))

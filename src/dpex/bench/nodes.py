@@ -121,19 +121,21 @@ class NodeCluster:
                        check=True, timeout=60)  # makes a token only if there is none
         port = free_port()
         try:
-            self._ray_start(0, ["--head", f"--port={port}",
-                                f"--ray-client-server-port={free_port()}",
-                                "--include-dashboard=false"], env)
+            self._wait(0, self._ray_start(0, ["--head", f"--port={port}",
+                                              f"--ray-client-server-port={free_port()}",
+                                              "--include-dashboard=false"], env))
             self.address = f"127.0.0.1:{port}"
-            for i in range(1, len(self.node_cores)):
-                self._ray_start(i, [f"--address={self.address}"],
-                                {**env, "RAY_AUTH_MODE": "token"})
+            joining = [self._ray_start(i, [f"--address={self.address}"],
+                                       {**env, "RAY_AUTH_MODE": "token"})
+                       for i in range(1, len(self.node_cores))]  # all at once
+            for i, proc in enumerate(joining, start=1):
+                self._wait(i, proc)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _ray_start(self, i: int, args: list[str], env: dict[str, str]) -> None:
+    def _ray_start(self, i: int, args: list[str], env: dict[str, str]) -> subprocess.Popen:
         resources = {upto_resource(k): 1000 for k in self.upto if i < k}
         cmd = [*self.pin(i), RAY, "start", *args, f"--num-cpus={len(self.node_cores[i])}",
                f"--object-store-memory={self.object_store_mb * 2**20}",
@@ -142,21 +144,32 @@ class NodeCluster:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.groups.append(proc.pid)  # its daemons stay in the group it leads
+        return proc
+
+    def _wait(self, i: int, proc: subprocess.Popen) -> None:
         out, err = proc.communicate(timeout=self.start_timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(f"`ray start` of node {i} failed:\n{out[-2000:]}{err[-3000:]}")
 
     def stop(self) -> None:
         """Kill this cluster's process groups (SIGTERM, then SIGKILL), nothing else."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [g for g in self.groups if _group_alive(g)]
-            for group in alive:
+        # A benchmark's nodes need no graceful shutdown: a short grace, then SIGKILL.
+        for sig, grace_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+            members = self.member_pids()
+            if not members:
+                break
+            for group in self.groups:
                 try:
                     os.killpg(group, sig)
                 except ProcessLookupError:
                     pass
-            deadline = time.monotonic() + 10
-            while any(_group_alive(g) for g in alive) and time.monotonic() < deadline:
+            for pid in members:  # a worker that left the groups still names our temp dir
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace_s
+            while self.member_pids() and time.monotonic() < deadline:
                 time.sleep(0.2)
         if self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
@@ -178,16 +191,19 @@ class NodeCluster:
         return [*self.pin(i), *command]
 
     def member_pids(self) -> list[int]:
-        """Every live process of this cluster (all its process groups)."""
+        """Every live process of this cluster: those in its process groups, and any other
+        whose command line names its Ray temp dir (a Ray worker that left the group).
+        Zombies, which a container's init may never reap, do not count."""
         groups = set(self.groups)
         pids = []
         for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.getpgid(int(entry)) in groups:
-                        pids.append(int(entry))
-                except (ProcessLookupError, PermissionError):
-                    pass
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            state, pgid = _state_and_group(int(entry))
+            if state in ("Z", "X", ""):
+                continue
+            if pgid in groups or (self.temp_dir and self.temp_dir + os.sep in _cmdline(int(entry))):
+                pids.append(int(entry))
         return pids
 
     def raylet_pids(self) -> list[int]:
@@ -195,14 +211,22 @@ class NodeCluster:
         return [pid for pid in self.member_pids() if _comm(pid) == "raylet"]
 
 
-def _group_alive(group: int) -> bool:
+def _cmdline(pid: int) -> str:
     try:
-        os.killpg(group, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state_and_group(pid: int) -> tuple[str, int]:
+    """A process's state letter and process group, from /proc ("", -1 when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        return fields[0], int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return "", -1
 
 
 def _comm(pid: int) -> str:
