@@ -305,6 +305,13 @@ def autoscale_table(rows: list[AutoscaleRow], records: list[ElasticRecord] = ())
                      f"| {_fmt(r.processes, '.1f')} | {_fmt(r.mean_processes, '.1f')} "
                      f"| {_fmt(r.stall and 100 * r.stall, '.1f')}% "
                      f"| {_fmt(r.batches_per_s, '.1f')} |")
+    firsts = defaultdict(list)
+    for rec in records:
+        if rec.workload == "autoscale" and "first_batch_s" in rec.extra:
+            firsts[rec.loader].append(rec.extra["first_batch_s"])
+    lines.append("")
+    lines.append("Times are from the first batch; before it (workers starting), median: "
+                 + ", ".join(f"{name} {_median(v):.1f}s" for name, v in sorted(firsts.items())))
     for rec in records:
         if rec.workload == "autoscale" and rec.loader != "torch" and rec.repeat == 0:
             timeline = rec.extra.get("process_timeline") or []
