@@ -3,8 +3,9 @@
 scaleout and unequal start Ray nodes on this machine, each pinned to its own cores with
 taskset (``--nodes 1,2 --cores-per-node 1``), and stop them by their process groups.
 
-Usage: python benchmarks/bench_elastic.py [dpex bench options, e.g. --size full --nodes 1,2,4,8
-       --cores-per-node 2 --workers 16] (the same: dpex bench --workloads scaleout,unequal,autoscale)
+Usage: python benchmarks/bench_elastic.py [dpex bench options, e.g. --size full
+       --nodes 1,2,4,8 --cores-per-node 2 --workers 16]
+(the same: dpex bench --workloads scaleout,unequal,autoscale ...)
 """
 
 from __future__ import annotations
