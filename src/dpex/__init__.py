@@ -4,6 +4,7 @@ from dpex import distributed
 from dpex.dataloader import DataLoader, DpexDataLoader
 from dpex.placement import WorkerOptions
 from dpex.pool import shutdown_pool
+from dpex.scaling import Autoscale
 from dpex.stats import StatsSnapshot
 from dpex.worker_info import get_worker_info
 
@@ -12,6 +13,7 @@ __all__ = [
     "DpexDataLoader",
     "StatsSnapshot",
     "WorkerOptions",
+    "Autoscale",
     "distributed",
     "get_worker_info",
     "shutdown_pool",

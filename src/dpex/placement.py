@@ -1,10 +1,13 @@
-"""Where workers go: per-worker Ray resources and the choice of node for each worker.
+"""Where worker processes go: their Ray resources and the choice of node for each.
 
 ``WorkerOptions`` is the loader's ``worker_options`` argument. Node choice is explicit: dpex
 lists the alive nodes that may host a worker (they have CPUs, carry the required resources
-and labels, and are not the trainer's node when ``avoid_trainer_node``), and pins worker ``i``
-to eligible node ``i mod n`` with a hard node affinity. That spreads workers evenly, and a
-replacement for a dead worker goes to a node that is alive right now.
+and labels, and are not the trainer's node when ``avoid_trainer_node``), and places
+processes on them in proportion to their CPUs (``scaling.allocate``), each pinned with a hard
+node affinity. Equal nodes get processes round-robin; a node with twice the CPUs gets twice
+the processes; a replacement for a dead process, or a process added by the autoscaler, goes
+to the node with the most CPUs per process among those alive right now (a node that joined
+mid-epoch included).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from dpex.scaling import Autoscale
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,22 @@ class WorkerOptions:
             keeps its module globals (see ``dpex.pool``). False: fresh processes each epoch.
         idle_timeout_s: how long a worker process given back to the pool stays warm before
             it is stopped (``dpex.shutdown_pool()`` stops the idle ones at once).
+        num_processes: how many worker processes host the loader's ``num_workers`` logical
+            workers. ``None`` (default): one each, torch's layout. Fewer processes than
+            workers is allowed; the batches stay bitwise those of torch's loader with the
+            same ``num_workers`` (each logical worker keeps its replica and RNG stream).
+        autoscale: a ``dpex.Autoscale`` to let the process count follow the training loop's
+            data stalls (overrides ``num_processes``); see ``dpex.scaling``.
+        rebalance: move logical workers off processes that fall behind (a busy or slower
+            node) onto faster ones, between two of their tasks, so one slow node does not
+            set the pace of the loader. Moves never change the batches.
+        niceness: the scheduling priority of the worker processes. ``"trainer"`` (default):
+            the training process's own niceness, as torch's forked workers have; Ray starts
+            its workers at niceness 15, which on a node with other busy processes leaves
+            them a few percent of a core. An int sets that niceness; ``None`` leaves Ray's.
+            Lowering niceness needs privileges on most systems: where a worker cannot, it
+            keeps Ray's and ``loader.stats().niceness_denied`` says so (start the node with
+            ``RAY_worker_niceness=0 ray start ...`` instead).
 
     Example:
         >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)
@@ -71,6 +92,10 @@ class WorkerOptions:
     ship_modules: str | Sequence[str] | None = "auto"
     reuse_processes: bool = True
     idle_timeout_s: float = 120.0
+    num_processes: int | None = None
+    autoscale: Autoscale | None = None
+    rebalance: bool = True
+    niceness: int | str | None = "trainer"
 
     def __post_init__(self) -> None:
         if isinstance(self.ship_modules, str) and self.ship_modules != "auto":
@@ -86,6 +111,20 @@ class WorkerOptions:
             raise ValueError(f"max_task_retries should be non-negative, got {self.max_task_retries}")
         if self.idle_timeout_s < 0:
             raise ValueError(f"idle_timeout_s should be non-negative, got {self.idle_timeout_s}")
+        if self.num_processes is not None and self.num_processes < 1:
+            raise ValueError(f"num_processes should be at least 1, got {self.num_processes}")
+        if self.autoscale is not None and not isinstance(self.autoscale, Autoscale):
+            raise TypeError(f"autoscale should be a dpex.Autoscale, got {self.autoscale!r}")
+        if not (self.niceness is None or self.niceness == "trainer"
+                or (isinstance(self.niceness, int) and -20 <= self.niceness <= 19)):
+            raise ValueError(f"niceness should be 'trainer', an int in -20..19 or None, "
+                             f"got {self.niceness!r}")
+
+    def target_niceness(self) -> int | None:
+        """The niceness worker processes should run at (resolved here, on the trainer)."""
+        if self.niceness == "trainer":
+            return os.getpriority(os.PRIO_PROCESS, 0)
+        return self.niceness
 
     def actor_options(self, node_id: str | None) -> dict[str, Any]:
         """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""
@@ -126,7 +165,12 @@ def trainer_environment() -> dict[str, str]:
 
 def eligible_nodes(options: WorkerOptions, trainer_node_id: str | None) -> list[str]:
     """IDs of the alive nodes that may host a worker, in a stable order."""
-    nodes = []
+    return sorted(eligible_node_cpus(options, trainer_node_id))
+
+
+def eligible_node_cpus(options: WorkerOptions, trainer_node_id: str | None) -> dict[str, float]:
+    """The alive nodes that may host a worker, with their CPU counts."""
+    nodes = {}
     for node in ray.nodes():
         if not node.get("Alive"):
             continue
@@ -140,29 +184,41 @@ def eligible_nodes(options: WorkerOptions, trainer_node_id: str | None) -> list[
         labels = node.get("Labels", {}) or {}
         if any(labels.get(key) != value for key, value in options.labels.items()):
             continue
-        nodes.append(node["NodeID"])
-    return sorted(nodes)
+        nodes[node["NodeID"]] = resources["CPU"]
+    return nodes
 
 
 class NodePicker:
-    """Assigns worker slots to eligible nodes round-robin; replacements go to live nodes."""
+    """Places processes on eligible nodes in proportion to their CPUs."""
 
     def __init__(self, options: WorkerOptions) -> None:
         self.options = options
         self.trainer_node_id = ray.get_runtime_context().get_node_id()
 
-    def node_for(self, worker_id: int, avoid: set[str] = frozenset()) -> str | None:
-        """The node for ``worker_id``, or None to let Ray choose (``spread=False``).
+    def node_for(self, existing: list[str | None], avoid: set[str] = frozenset()) -> str | None:
+        """The node for one more process, given the nodes of the loader's other processes;
+        None to let Ray choose (``spread=False``).
 
-        Nodes in ``avoid`` are skipped unless nothing else is eligible.
+        The node with the most CPUs per process (after adding this one) wins, ties to the
+        first in a stable order, so equal nodes fill round-robin. Nodes in ``avoid`` are
+        skipped unless nothing else is eligible.
         """
         if not self.options.spread:
             return None
-        nodes = eligible_nodes(self.options, self.trainer_node_id)
-        if not nodes:
+        cpus = eligible_node_cpus(self.options, self.trainer_node_id)
+        if not cpus:
             raise NoEligibleNodeError(self.describe_request())
-        preferred = [n for n in nodes if n not in avoid] or nodes
-        return preferred[worker_id % len(preferred)]
+        nodes = sorted(n for n in cpus if n not in avoid) or sorted(cpus)
+        return max(nodes, key=lambda n: (cpus[n] / (existing.count(n) + 1), -nodes.index(n)))
+
+    def capacity(self, current: int) -> int:
+        """How many processes the cluster can host for this loader now: one per CPU of the
+        eligible nodes that no one has reserved (``num_cpus`` workers: as many as fit)."""
+        free = ray.available_resources().get("CPU", 0.0)
+        if self.options.num_cpus:
+            return current + int(free // self.options.num_cpus)
+        total = sum(eligible_node_cpus(self.options, self.trainer_node_id).values())
+        return max(current, int(min(total, free)))
 
     def describe_request(self) -> str:
         return (

@@ -78,6 +78,7 @@ from ray.exceptions import (
 from dpex import transport, user_code
 from dpex.cluster import owns_ray_session
 from dpex.pool import POOL, kill_quietly
+from dpex.elastic import ElasticControl
 from dpex.placement import NodePicker, NoEligibleNodeError, WorkerOptions, eligible_nodes
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
@@ -101,14 +102,38 @@ def _remote_worker_class():
     return _RemoteWorker
 
 
+class _Process:
+    """One worker process (a Ray actor, from the warm pool) and what the trainer knows of it."""
+
+    def __init__(self, actor: Any, node_id: str | None, serial: int) -> None:
+        self.actor = actor
+        self.node_id = node_id
+        self.serial = serial
+        self.ready_ref = None  # set while a process added by the elastic control starts
+        self.start_deadline = 0.0
+        self.dead = False
+        self.retiring = False  # its logical workers are moving out; released when empty
+        self.busy_s: float | None = None  # moving average of its time per task
+        self.samples = 0
+
+    def record(self, busy_s: float) -> None:
+        self.samples += 1
+        self.busy_s = busy_s if self.busy_s is None else 0.8 * self.busy_s + 0.2 * busy_s
+
+    def speed(self) -> float:
+        """Tasks per second while busy; 0 while unknown."""
+        return 1.0 / self.busy_s if self.busy_s else 0.0
+
+
 class _WorkerSlot:
-    """One worker id: its current actor, and what it owes the trainer."""
+    """One logical worker (torch's worker id): where it runs, and what it owes the trainer."""
 
     def __init__(self, worker_id: int) -> None:
         self.worker_id = worker_id
-        self.actor = None
-        self.node_id: str | None = None
-        self.ready_ref = None  # set while the actor is starting
+        self.process: _Process | None = None
+        self.moving_to: _Process | None = None  # set while it drains before a move
+        self.pending: deque[tuple[int, Any]] = deque()  # tasks held back while moving
+        self.ready_ref = None  # set while its replica is being made (begin)
         self.start_deadline = 0.0
         self.active = True  # False once its IterableDataset replica is exhausted this epoch
         self.num_tasks = 0  # tasks dispatched and not yet handed out (torch's bookkeeping)
@@ -118,6 +143,14 @@ class _WorkerSlot:
         self.replay_log: list[Any] = []  # IterableDataset: indices received this epoch
         self.deaths_per_task: dict[int, int] = {}
         self.restarts = 0
+
+    @property
+    def actor(self) -> Any:
+        return self.process.actor if self.process is not None else None
+
+    @property
+    def node_id(self) -> str | None:
+        return self.process.node_id if self.process is not None else None
 
 
 class _RayDataLoaderIter:
@@ -166,15 +199,24 @@ class _RayDataLoaderIter:
             worker_init_fn=loader.worker_init_fn,
         ), code)
         self._picker = NodePicker(self._options)
+        self._niceness = self._options.target_niceness()
         self._id = uuid.uuid4().hex[:8]
         self._slots = [_WorkerSlot(i) for i in range(self._num_workers)]
         if resume is not None and resume.workers:
             self._record.workers = list(resume.workers)
             for slot, position in zip(self._slots, resume.workers):
                 slot.position = position
-        for slot in self._slots:
+        self._procs: list[_Process] = []
+        self._proc_serial = 0
+        self._elastic = ElasticControl(self, self._options, self._num_workers,
+                                       start_count=self._stats.processes or None)
+        for _ in range(self._elastic.initial_processes()):
+            self._add_process(count=False)
+        self._count_processes()
+        for slot in self._slots:  # logical worker w on process w mod P: equal shares
             slot.epoch_start = slot.position
-            self._start_worker(slot)
+            slot.process = self._procs[slot.worker_id % len(self._procs)]
+            self._begin_slot(slot)
         _live_iterators.add(self)
         self._reset(loader, first_iter=True, skip=resume.skip if resume is not None else 0)
 
@@ -213,7 +255,7 @@ class _RayDataLoaderIter:
             if not first_iter:
                 # torch's _ResumeIteration: each replica restarts its iterator. The actor runs
                 # this before the tasks submitted below (actor calls run in order).
-                slot.actor.reset_epoch.remote()
+                slot.actor.reset_epoch.remote(slot.worker_id)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -244,6 +286,7 @@ class _RayDataLoaderIter:
         slot.num_tasks -= 1
         self._try_put_index()
         self._stats.set_in_flight(self._tasks_outstanding)
+        self._elastic.tick()
         if result.kind == ERROR:
             result.payload.reraise()
         data = transport.from_wire(result.payload)
@@ -293,6 +336,7 @@ class _RayDataLoaderIter:
         deadline = None
         while True:
             starting = {s.ready_ref: s for s in self._slots if s.ready_ref is not None}
+            starting.update({p.ready_ref: p for p in self._procs if p.ready_ref is not None})
             if self._timeout > 0 and (deadline is None or starting):
                 deadline = time.monotonic() + self._timeout
             slice_s = _WAIT_SLICE_S
@@ -307,12 +351,14 @@ class _RayDataLoaderIter:
                 ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=slice_s)
                 for ref in ready:
                     if ref in starting:
-                        self._on_started(starting[ref])
+                        if starting[ref].ready_ref is ref:  # not re-begun by a recovery
+                            self._on_started(starting[ref])
                     elif ref in self._calls:  # not dropped by a recovery just now
                         self._collect(ref, timeout=None)
                 if any(ref not in starting for ref in ready):
                     return
             self._check_start_deadlines()
+            self._elastic.tick()  # a long wait is when moves and more processes help most
             if deadline is not None and time.monotonic() >= deadline:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
 
@@ -323,11 +369,11 @@ class _RayDataLoaderIter:
         except GetTimeoutError:
             return False
         except (RayActorError, ObjectLostError) as exc:
-            # The worker died, or its node did and took the result with it.
+            # The process died, or its node did and took the result with it.
             slot = self._calls[ref][0]
             if isinstance(exc, RayActorError):
                 self._raise_if_start_failed(slot, exc)
-            self._recover(slot, exc)
+            self._recover(slot.process, exc)
             return True
         except ActorUnschedulableError as exc:
             self._on_unschedulable(self._calls[ref][0], exc)
@@ -338,6 +384,7 @@ class _RayDataLoaderIter:
             self._task_ref.pop(result.task_id, None)
             self._tasks_outstanding -= 1
             slot.position = WorkerPosition(result.rng_state, result.dataset_state)
+            slot.process.record(result.busy_s)
             if self._is_iterable:
                 slot.replay_log.append(index)
             if result.kind == END:
@@ -348,6 +395,8 @@ class _RayDataLoaderIter:
             else:
                 self._results[result.task_id] = result
                 self._arrivals.append(result.task_id)
+        if slot.moving_to is not None and not slot.in_flight:
+            self._finish_move(slot)
         return True
 
     # ----------------------------------------------------------------- dispatch
@@ -373,45 +422,71 @@ class _RayDataLoaderIter:
         self._task_worker[task_id] = slot.worker_id
         slot.num_tasks += 1
         self._tasks_outstanding += 1
-        slot.in_flight[task_id] = index
-        self._submit(slot, [(task_id, index)])
+        if slot.moving_to is not None:  # it runs on its new process once it got there
+            slot.pending.append((task_id, index))
+        else:
+            slot.in_flight[task_id] = index
+            self._submit(slot, [(task_id, index)])
 
     def _submit(self, slot: _WorkerSlot, tasks: list[tuple[int, Any]]) -> None:
-        ref = slot.actor.fetch.remote(tasks)
+        ref = slot.actor.fetch.remote(tasks, slot.worker_id)
         self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
         for task_id, _ in tasks:
             self._task_ref[task_id] = ref
 
-    # ----------------------------------------------------------------- worker lifecycle
+    # ----------------------------------------------------------------- processes
 
-    def _start_worker(self, slot: _WorkerSlot, avoid_nodes: set[str] = frozenset()) -> None:
-        """Start the actor for ``slot``; it resumes from ``slot``'s RNG state if it has one."""
-        node_id = self._picker.node_for(slot.worker_id, avoid_nodes)
+    def _add_process(self, avoid: set[str] = frozenset(), watch: bool = False,
+                     count: bool = True) -> _Process:
+        """Take a process from the pool (or start one) on the node placement picks.
+
+        ``watch``: the process gets no logical worker until it answers (the elastic
+        control adds processes this way, so a move never waits on a cold start)."""
+        live = [p.node_id for p in self._procs if not p.dead]
+        node_id = self._picker.node_for(live, avoid)
+        self._proc_serial += 1
+        # Named, so `ray list actors` shows which loader started it.
+        name = f"dpex-{self._id}-process{self._proc_serial}"
+        proc = _Process(POOL.acquire(_remote_worker_class(), self._options, node_id, name),
+                        node_id, self._proc_serial)
+        if watch:
+            proc.ready_ref = proc.actor.ready.remote()
+            proc.start_deadline = time.monotonic() + self._options.start_timeout_s
+        self._procs.append(proc)
+        if count:
+            self._count_processes()
+        return proc
+
+    def _begin_slot(self, slot: _WorkerSlot) -> None:
+        """Make ``slot``'s replica on its process, continuing from ``slot``'s position."""
         if self._is_iterable and slot.position.dataset_state is None:
             # A replica that cannot seek: rewind to the epoch start, replay what was received.
             resume = (slot.epoch_start, list(slot.replay_log))
         else:
             resume = (slot.position, [])
-        # Named, so `ray list actors` shows which loader started it.
-        name = f"dpex-{self._id}-worker{slot.worker_id}-{slot.restarts}"
-        slot.actor = POOL.acquire(_remote_worker_class(), self._options, node_id, name)
-        slot.node_id = node_id
         # A fresh replica: Ray deserialises the epoch's dataset object anew for this call.
         slot.ready_ref = slot.actor.begin.remote(
-            self._dataset_ref, self._config, slot.worker_id, *resume)
+            self._dataset_ref, self._config, slot.worker_id, *resume, self._niceness)
         slot.start_deadline = time.monotonic() + self._options.start_timeout_s
 
-    def _on_started(self, slot: _WorkerSlot) -> None:
-        ref, slot.ready_ref = slot.ready_ref, None
+    def _on_started(self, starting: _WorkerSlot | _Process) -> None:
+        ref, starting.ready_ref = starting.ready_ref, None
+        proc = starting if isinstance(starting, _Process) else starting.process
         try:
-            slot.node_id, _pid = ray.get(ref)
+            answer = ray.get(ref)
         except RayActorError as exc:
-            self._raise_if_start_failed(slot, exc)
-            self._recover(slot, exc)
+            if isinstance(starting, _WorkerSlot):
+                self._raise_if_start_failed(starting, exc)
+            self._recover(proc, exc)
+            return
         except ActorUnschedulableError as exc:
-            self._on_unschedulable(slot, exc)
+            self._on_unschedulable(proc, exc)
+            return
         except RayError as exc:  # begin itself failed: e.g. the dataset does not unpickle there
-            self._fail_start(slot, exc)
+            self._fail_start(starting, exc)
+        proc.node_id = answer[0]
+        if isinstance(starting, _WorkerSlot) and answer[2]:
+            self._stats.niceness_denied = True
 
     def _raise_if_start_failed(self, slot: _WorkerSlot, exc: RayActorError) -> None:
         """A worker whose constructor raised would fail the same way again: stop."""
@@ -426,17 +501,18 @@ class _RayDataLoaderIter:
         if missing:  # the user's code did not reach the worker's node
             raise ModuleNotFoundError(user_code.missing_module_hint(missing[1]),
                                       name=missing[1]) from None
-        raise RuntimeError(f"dpex worker {slot.worker_id} failed to start: {exc}") from None
+        raise RuntimeError(f"dpex worker {getattr(slot, 'worker_id', '')} failed to start: "
+                           f"{exc}") from None
 
-    def _on_unschedulable(self, slot: _WorkerSlot, exc: Exception) -> None:
+    def _on_unschedulable(self, proc: _Process, exc: Exception) -> None:
         """Ray refused the placement: the node vanished (retry elsewhere) or can never fit."""
-        if slot.node_id in eligible_nodes(self._options, self._picker.trainer_node_id):
+        if proc.node_id in eligible_nodes(self._options, self._picker.trainer_node_id):
             self._shutdown_workers()
             raise RuntimeError(
-                f"dpex worker {slot.worker_id} cannot be placed: wanted "
+                f"dpex worker process cannot be placed: wanted "
                 f"{self._picker.describe_request()} ({exc})"
             ) from None
-        self._recover(slot, exc)
+        self._recover(proc, exc)
 
     def _check_start_deadlines(self) -> None:
         now = time.monotonic()
@@ -447,37 +523,109 @@ class _RayDataLoaderIter:
                     f"dpex worker {slot.worker_id} did not start within "
                     f"{self._options.start_timeout_s}s: wanted {self._picker.describe_request()}"
                 )
+        for proc in self._procs:  # an extra process that cannot start: do without it
+            if proc.ready_ref is not None and now > proc.start_deadline:
+                self._elastic.note(f"process {proc.serial} did not start within "
+                                   f"{self._options.start_timeout_s}s; going on without it")
+                proc.ready_ref = None
+                self._drop_process(proc, reuse=False)
 
-    def _recover(self, slot: _WorkerSlot, cause: Exception) -> None:
-        """Replace ``slot``'s dead actor and resubmit what it owed, in order. See the NOTE."""
-        lost = list(slot.in_flight.items())
-        for ref in [r for r, (s, _) in self._calls.items() if s is slot]:
-            del self._calls[ref]
-        if lost:
-            first_task, first_index = lost[0]
+    def _recover(self, proc: _Process, cause: Exception) -> None:
+        """Replace the dead process ``proc``: its logical workers continue on another one
+        from their positions, and what they owed is resubmitted in order. See the NOTE."""
+        if proc.dead:
+            return
+        proc.dead = True
+        hosted = [slot for slot in self._slots if slot.process is proc]
+        # Calls run in submission order, so the earliest outstanding one was running.
+        running = next(((slot, ids) for slot, ids in self._calls.values()
+                        if slot.process is proc), None)
+        if running is not None:
+            slot, (first_task, *_) = running
             deaths = slot.deaths_per_task.get(first_task, 0) + 1
             slot.deaths_per_task[first_task] = deaths
             if deaths > self._options.max_task_retries:
                 self._shutdown_workers()
                 raise RuntimeError(
                     f"dpex worker {slot.worker_id} died {deaths} times while loading sample "
-                    f"indices {first_index!r} (task {first_task}); giving up on this batch. "
-                    f"Last cause: {cause}"
+                    f"indices {slot.in_flight[first_task]!r} (task {first_task}); giving up on "
+                    f"this batch. Last cause: {cause}"
                 ) from None
-        kill_quietly(slot.actor)
-        slot.restarts += 1
+        self._drop_process(proc, reuse=False)
         self._stats.worker_restarts += 1
-        try:
-            # Prefer another node: Ray may not have noticed yet that this one is gone.
-            self._start_worker(slot, avoid_nodes={slot.node_id} - {None})
-        except NoEligibleNodeError:
-            self._shutdown_workers()
-            raise
-        for task_id, index in lost:
+        for slot in self._slots:
+            if slot.moving_to is proc:  # it stays where it is; what it held back goes there
+                slot.moving_to = None
+                self._flush_pending(slot)
+        replacement = None
+        for slot in hosted:
+            if slot.moving_to is not None:  # it was leaving anyway: arrive now
+                slot.process, slot.moving_to = slot.moving_to, None
+            else:
+                if replacement is None or replacement.dead:
+                    try:
+                        # Prefer another node: Ray may not have noticed yet that this one is gone.
+                        replacement = self._add_process(avoid={proc.node_id} - {None})
+                    except NoEligibleNodeError:
+                        self._shutdown_workers()
+                        raise
+                slot.process = replacement
+            lost = list(slot.in_flight.items())
+            for ref in [r for r, (s, _) in self._calls.items() if s is slot]:
+                del self._calls[ref]
+            slot.restarts += 1
+            self._begin_slot(slot)
+            for task_id, index in lost:
+                self._submit(slot, [(task_id, index)])
+            self._flush_pending(slot)
+
+    # ----------------------------------------------------------------- moves (elastic.py)
+
+    def _movable(self, slot: _WorkerSlot) -> bool:
+        """Only between two of its tasks (it drains first), and if its replica can seek."""
+        return (slot.moving_to is None and slot.active
+                and not (self._is_iterable and slot.position.dataset_state is None))
+
+    def _move(self, slot: _WorkerSlot, dest: _Process) -> None:
+        """Move logical worker ``slot`` to ``dest``: it drains (new tasks wait in
+        ``pending``), then continues on ``dest`` from its position. Batches are unchanged."""
+        slot.moving_to = dest
+        if not slot.in_flight:
+            self._finish_move(slot)
+
+    def _finish_move(self, slot: _WorkerSlot) -> None:
+        source, slot.process, slot.moving_to = slot.process, slot.moving_to, None
+        source.actor.drop.remote(slot.worker_id)
+        self._stats.moves += 1
+        self._begin_slot(slot)
+        self._flush_pending(slot)
+        if source.retiring and not self._hosted(source):
+            self._drop_process(source, reuse=True)
+
+    def _flush_pending(self, slot: _WorkerSlot) -> None:
+        while slot.pending:
+            task_id, index = slot.pending.popleft()
+            slot.in_flight[task_id] = index
             self._submit(slot, [(task_id, index)])
 
+    def _hosted(self, proc: _Process) -> list[_WorkerSlot]:
+        return [s for s in self._slots if s.process is proc or s.moving_to is proc]
+
+    def _drop_process(self, proc: _Process, reuse: bool) -> None:
+        """Forget ``proc``: back to the pool when ``reuse`` (it hosts nothing), else killed."""
+        if proc in self._procs:
+            self._procs.remove(proc)
+        if reuse and proc.ready_ref is None and not proc.dead:
+            POOL.release(proc.actor, self._options, proc.node_id)
+        else:
+            kill_quietly(proc.actor)
+        self._count_processes()
+
+    def _count_processes(self) -> None:
+        self._stats.set_processes(sum(not (p.dead or p.retiring) for p in self._procs))
+
     def _shutdown_workers(self, reuse: bool = False, epoch_done: bool = False) -> None:
-        """Release the actors: back to the pool when ``reuse`` and a worker owes nothing
+        """Release the processes: back to the pool when ``reuse`` and a process owes nothing
         (its tasks would otherwise still run ahead of the next loader's), else killed.
 
         ``epoch_done``: the epoch ran to its end. What is still in flight then is only the
@@ -486,13 +634,18 @@ class _RayDataLoaderIter:
         if self._shutdown:
             return
         self._shutdown = True
-        for slot in self._slots:
-            if reuse and slot.actor is not None and (epoch_done or not slot.in_flight):
-                POOL.release(slot.actor, self._options, slot.node_id)
+        busy = {slot.process for slot in self._slots if slot.in_flight}
+        for proc in list(self._procs):
+            keep = reuse and proc.ready_ref is None and (epoch_done or proc not in busy)
+            if keep:
+                POOL.release(proc.actor, self._options, proc.node_id)
             else:
-                kill_quietly(slot.actor)
-            slot.actor = slot.ready_ref = None
+                kill_quietly(proc.actor)
+        self._procs = []
+        for slot in self._slots:
+            slot.process = slot.moving_to = slot.ready_ref = None
             slot.in_flight.clear()
+            slot.pending.clear()
         self._calls = {}
         self._task_ref = {}
         self._results = {}

@@ -12,6 +12,16 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class ScalingEvent:
+    """One decision of the elastic control: a process count change, or moves (from == to)."""
+
+    at_s: float  # seconds since the loader's first batch was asked for
+    from_processes: int
+    to_processes: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class StatsSnapshot:
     """What the loader has done so far (over all epochs unless noted).
 
@@ -26,6 +36,11 @@ class StatsSnapshot:
         per_worker: batches delivered per worker id.
         per_node: batches delivered per Ray node id (distributed mode only).
         worker_restarts: workers replaced after they died.
+        processes: worker processes hosting the logical workers now (distributed mode).
+        process_timeline: ``(elapsed_s, processes)`` at each change of the count.
+        scaling_events: each elastic decision with its reason (``ScalingEvent``).
+        moves: logical workers moved from one process to another.
+        niceness_denied: a worker could not take the asked niceness (needs privileges).
     """
 
     batches: int
@@ -38,6 +53,11 @@ class StatsSnapshot:
     per_worker: dict[int, int]
     per_node: dict[str, int]
     worker_restarts: int
+    processes: int = 0
+    process_timeline: tuple[tuple[float, int], ...] = ()
+    scaling_events: tuple[ScalingEvent, ...] = ()
+    moves: int = 0
+    niceness_denied: bool = False
 
     @property
     def batches_per_s(self) -> float:
@@ -54,6 +74,8 @@ class StatsSnapshot:
             f"waited {self.wait_s:.2f}s for data ({100 * self.wait_fraction:.0f}% of "
             f"{self.elapsed_s:.2f}s), in flight {self.in_flight} (max {self.max_in_flight})"
             + (f", {self.worker_restarts} worker restarts" if self.worker_restarts else "")
+            + (f", {self.processes} processes" if self.processes else "")
+            + (f", {self.moves} worker moves" if self.moves else "")
         )
 
 
@@ -71,6 +93,11 @@ class LoaderStats:
     per_worker: Counter = field(default_factory=Counter)
     per_node: Counter = field(default_factory=Counter)
     worker_restarts: int = 0
+    processes: int = 0
+    process_timeline: list = field(default_factory=list)
+    scaling_events: list = field(default_factory=list)
+    moves: int = 0
+    niceness_denied: bool = False
 
     def start_epoch(self) -> None:
         if self.started_at is None:
@@ -93,8 +120,19 @@ class LoaderStats:
         self.in_flight = depth
         self.max_in_flight = max(self.max_in_flight, depth)
 
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started_at if self.started_at is not None else 0.0
+
+    def set_processes(self, count: int) -> None:
+        if count != self.processes:
+            self.processes = count
+            self.process_timeline.append((self.elapsed(), count))
+
+    def record_scaling(self, before: int, after: int, reason: str) -> None:
+        self.scaling_events.append(ScalingEvent(self.elapsed(), before, after, reason))
+
     def snapshot(self) -> StatsSnapshot:
-        elapsed = time.perf_counter() - self.started_at if self.started_at is not None else 0.0
+        elapsed = self.elapsed()
         return StatsSnapshot(
             batches=self.batches,
             wait_s=self.wait_s,
@@ -106,4 +144,9 @@ class LoaderStats:
             per_worker=dict(self.per_worker),
             per_node=dict(self.per_node),
             worker_restarts=self.worker_restarts,
+            processes=self.processes,
+            process_timeline=tuple(self.process_timeline),
+            scaling_events=tuple(self.scaling_events),
+            moves=self.moves,
+            niceness_denied=self.niceness_denied,
         )

@@ -1,16 +1,24 @@
-"""The worker: a Ray actor that holds one replica of the dataset and loads batches.
+"""The worker process: a Ray actor that hosts logical workers and loads their batches.
 
 ``Worker`` is a plain class (testable without Ray); ``remote_iter`` wraps it with
-``ray.remote``. One worker does what one torch worker process does: it seeds ``random``,
-``torch`` and numpy from ``(base_seed, worker_id)``, installs torch's ``WorkerInfo`` so
-``get_worker_info()`` works, runs ``worker_init_fn`` once, then turns index batches into
-batches in the order it receives them. After each batch it snapshots its RNG state, which
-travels back with the batch: that is what lets a replacement worker continue bit for bit.
+``ray.remote``. A *logical* worker is torch's worker: it seeds ``random``, ``torch`` and
+numpy from ``(base_seed, worker_id)``, sees its own ``get_worker_info()``, runs
+``worker_init_fn`` once, then turns index batches into batches in the order it receives them.
+One process hosts one or more of them (``WorkerOptions(num_processes=...)``, autoscaling):
+each keeps its own dataset replica and its own RNG streams, swapped into the process's
+global RNGs before each of its tasks, so a process hosting workers 0 and 2 draws exactly what
+torch's processes 0 and 2 would. After each batch the logical worker's RNG state travels
+back with the batch: that is what lets another process continue it bit for bit (a recovery
+after a death, or a move between two of its tasks).
+
+What logical workers in one process share: the process (module globals, environment, the
+cwd), so a ``worker_init_fn`` that changes process-wide state affects its neighbours.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,13 +58,28 @@ class TaskResult:
     payload: Any
     rng_state: RngState | None
     dataset_state: Any = None  # IterableDataset.state_dict() after this task, if it has one
+    busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
+
+
+class _Replica:
+    """One logical worker hosted by a process: its dataset replica, fetcher and RNG state."""
+
+    def __init__(self, worker_id: int, dataset: Any, config: WorkerConfig, seed: int) -> None:
+        self.worker_id = worker_id
+        self.dataset = dataset
+        self.seed = seed
+        self.fetcher = None
+        self.init_error: RemoteError | None = None
+        self.stateful = config.is_iterable and callable(getattr(dataset, "state_dict", None))
+        self.rng: RngState | None = None  # its RNG state while another replica runs
 
 
 class Worker:
-    """One data-loading worker; see the module docstring.
+    """One worker process hosting logical workers; see the module docstring.
 
     As a Ray actor it is a process of the warm pool (``dpex.pool``): constructed empty, it
-    becomes a fresh torch worker at each ``begin`` and drops its replica at ``release``.
+    hosts a fresh logical worker at each ``begin``, drops one at ``drop`` (it moved to
+    another process) and all at ``release``.
     """
 
     def __init__(
@@ -69,9 +92,21 @@ class Worker:
     ) -> None:
         """Args: as ``begin``; without a ``config`` the worker waits for ``begin``."""
         self.config: WorkerConfig | None = None
-        self.dataset = self.fetcher = self.init_error = None
+        self.collate_fn = None
+        self._replicas: dict[int, _Replica] = {}
+        self._current: _Replica | None = None  # whose RNG state the process's RNGs hold
+        self.niceness_denied = False
         if config is not None:
             self._begin(dataset, config, worker_id, resume, replay)
+
+    # Single-worker views, for code and tests that look at a process hosting one worker.
+    @property
+    def dataset(self) -> Any:
+        return self._current.dataset if self._current is not None else None
+
+    @property
+    def worker_id(self) -> int | None:
+        return self._current.worker_id if self._current is not None else None
 
     def begin(
         self,
@@ -80,14 +115,18 @@ class Worker:
         worker_id: int,
         resume: WorkerPosition | None = None,
         replay: list[Any] | None = None,
-    ) -> tuple[str, int]:
-        """Become a fresh worker ``worker_id`` of a new epoch's loader; answer as ``ready``.
+        niceness: int | None = None,
+    ) -> tuple[str, int, bool]:
+        """Host a fresh logical worker ``worker_id``; answer ``ready()`` and whether the
+        requested ``niceness`` could not be set (lowering it needs privileges).
 
         A reused process gets a new replica here: Ray deserialises ``dataset`` afresh from
         the epoch's object on every call, so nothing of an earlier replica carries over.
         """
+        if niceness is not None:
+            self._set_niceness(niceness)
         self._begin(dataset, config, worker_id, resume, replay)
-        return self.ready()
+        return (*self.ready(), self.niceness_denied)
 
     def _begin(
         self,
@@ -99,8 +138,8 @@ class Worker:
     ) -> None:
         """Args:
         dataset: this worker's replica. config: the loader's settings. worker_id: 0..N-1.
-        resume: where to continue from (a replacement, or a resumed epoch): RNG state and,
-            for an IterableDataset with ``state_dict``, the dataset's state.
+        resume: where to continue from (a replacement, a moved worker, a resumed epoch): RNG
+            state and, for an IterableDataset with ``state_dict``, the dataset's state.
         replay: index batches to re-read and drop after ``resume`` (an IterableDataset
             replica without ``state_dict`` cannot seek, so a replacement re-reads them).
         """
@@ -108,41 +147,47 @@ class Worker:
         dataset, config = user_code.unwrap(dataset), user_code.unwrap(config)
         # torch's workers run single-threaded so N workers do not oversubscribe the cores.
         torch.set_num_threads(1)
-        self.dataset = dataset
-        self.config = config
-        self.worker_id = worker_id
-        self.seed = seed_worker(config.base_seed, worker_id)
-        set_worker_info(worker_id, config.num_workers, self.seed, dataset)
-        self.init_error: RemoteError | None = None
-        self.fetcher = None
-        self.collate_fn = _private_memory_collate(config.collate_fn)
-        self.stateful = config.is_iterable and callable(getattr(dataset, "state_dict", None))
+        if config is not self.config:
+            self.config = config
+            self.collate_fn = _private_memory_collate(config.collate_fn)
+        self._park_current()
+        seed = seed_worker(config.base_seed, worker_id)
+        replica = _Replica(worker_id, dataset, config, seed)
+        self._replicas[worker_id] = self._current = replica
+        set_worker_info(worker_id, config.num_workers, seed, dataset)
         try:
             if config.worker_init_fn is not None:
                 config.worker_init_fn(worker_id)
             restore_position(dataset, resume)
-            self._new_fetcher()  # after the restore: an iterable replica starts from there
+            self._new_fetcher(replica)  # after the restore: an iterable replica starts there
         except Exception:
-            self.init_error = RemoteError.capture(worker_id, indices=None)
+            replica.init_error = RemoteError.capture(worker_id, indices=None)
         for index in replay or ():
             # A replica without state_dict cannot seek: a replacement rewinds to the epoch
             # start (resume) and re-reads what its predecessor delivered, dropping it.
-            self._fetch_one(-1, index)
+            self._fetch_one(replica, -1, index)
+
+    def drop(self, worker_id: int) -> None:
+        """Stop hosting ``worker_id`` (it moved to another process)."""
+        replica = self._replicas.pop(worker_id, None)
+        if replica is self._current:
+            self._current = None
+            clear_worker_info()
 
     def release(self) -> None:
-        """Back to the pool: drop the replica (and the object-store memory it may pin).
+        """Back to the pool: drop the replicas (and the object-store memory they may pin).
 
         No ``gc.collect()`` here: it costs tens of ms in a process with torch loaded, ahead
-        of the next loader's ``begin``; reference counting frees the replica.
+        of the next loader's ``begin``; reference counting frees the replicas.
         """
-        self.dataset = self.fetcher = self.config = self.init_error = None
-        self.collate_fn = None
+        self._replicas = {}
+        self._current = self.config = self.collate_fn = None
         clear_worker_info()
 
-    def _new_fetcher(self) -> None:
+    def _new_fetcher(self, replica: _Replica) -> None:
         c = self.config
-        self.fetcher = make_fetcher(
-            self.dataset, c.is_iterable, c.auto_collation, self.collate_fn, c.drop_last
+        replica.fetcher = make_fetcher(
+            replica.dataset, c.is_iterable, c.auto_collation, self.collate_fn, c.drop_last
         )
 
     def ready(self) -> tuple[str, int]:
@@ -151,31 +196,66 @@ class Worker:
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
-    def reset_epoch(self) -> None:
-        """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept."""
-        if self.init_error is None:
-            self._new_fetcher()
+    def reset_epoch(self, worker_id: int | None = None) -> None:
+        """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept.
+        ``worker_id``: that logical worker; None: every one this process hosts."""
+        ids = list(self._replicas) if worker_id is None else [worker_id]
+        for replica in (self._replicas.get(i) for i in ids):
+            if replica is not None and replica.init_error is None:
+                self._activate(replica)  # a fresh iterator may draw from the worker's RNG
+                self._new_fetcher(replica)
+                replica.rng = RngState.capture()
 
-    def fetch(self, tasks: list[tuple[int, Any]]) -> list[TaskResult]:
-        """Load the given ``(task_id, index)`` tasks in order."""
-        return [self._fetch_one(task_id, index) for task_id, index in tasks]
+    def fetch(self, tasks: list[tuple[int, Any]], worker_id: int | None = None
+              ) -> list[TaskResult]:
+        """Load the given ``(task_id, index)`` tasks of logical worker ``worker_id`` (None:
+        the only one hosted) in order."""
+        replica = self._replicas[worker_id] if worker_id is not None else self._current
+        return [self._fetch_one(replica, task_id, index) for task_id, index in tasks]
 
-    def _fetch_one(self, task_id: int, index: Any) -> TaskResult:
-        if self.init_error is not None:
+    def _activate(self, replica: _Replica) -> None:
+        """Give the process's global RNGs and worker info to ``replica``."""
+        if replica is self._current:
+            return
+        self._park_current()
+        if replica.rng is not None:
+            replica.rng.restore()
+        set_worker_info(replica.worker_id, self.config.num_workers, replica.seed,
+                        replica.dataset)
+        self._current = replica
+
+    def _park_current(self) -> None:
+        if self._current is not None and self._current.worker_id in self._replicas:
+            self._current.rng = RngState.capture()
+
+    def _fetch_one(self, replica: _Replica, task_id: int, index: Any) -> TaskResult:
+        started = time.perf_counter()
+        self._activate(replica)
+        if replica.init_error is not None:
             # torch reports a worker_init_fn failure on that worker's first task.
-            error, self.init_error = self.init_error, None
+            error, replica.init_error = replica.init_error, None
             return TaskResult(task_id, ERROR, error, RngState.capture())
         try:
-            payload, kind = transport.to_wire(self.fetcher.fetch(index)), DATA
+            payload, kind = transport.to_wire(replica.fetcher.fetch(index)), DATA
         except StopIteration:
             if not self.config.is_iterable:
-                payload, kind = RemoteError.capture(self.worker_id, index), ERROR
+                payload, kind = RemoteError.capture(replica.worker_id, index), ERROR
             else:
                 payload, kind = None, END
         except Exception:
-            payload, kind = RemoteError.capture(self.worker_id, index), ERROR
-        state = dataset_state(self.dataset) if self.stateful and kind == DATA else None
-        return TaskResult(task_id, kind, payload, RngState.capture(), state)
+            payload, kind = RemoteError.capture(replica.worker_id, index), ERROR
+        state = dataset_state(replica.dataset) if replica.stateful and kind == DATA else None
+        return TaskResult(task_id, kind, payload, RngState.capture(), state,
+                          time.perf_counter() - started)
+
+    def _set_niceness(self, niceness: int) -> None:
+        """Run at ``niceness``; remember when the system refuses (no privilege to lower it)."""
+        try:
+            if os.getpriority(os.PRIO_PROCESS, 0) != niceness:
+                os.setpriority(os.PRIO_PROCESS, 0, niceness)
+            self.niceness_denied = False
+        except PermissionError:
+            self.niceness_denied = True
 
 
 def _private_memory_collate(collate_fn: Callable) -> Callable:

@@ -1,0 +1,254 @@
+"""The elastic control of one iterator: how many processes, and which hosts which worker.
+
+NOTE [ dpex Elastic Workers ]
+
+Logical workers and processes
+  ``num_workers`` keeps torch's meaning: N logical workers (``_WorkerSlot``), task t to
+  logical worker t mod N, torch's seeds, one replica and RNG stream each. Processes
+  (``_Process``, pooled Ray actors) host one or more logical workers (worker.py swaps each
+  one's RNG state in before its tasks). Which process hosts a logical worker never changes
+  a bit of its batches: a move is the recovery protocol used on purpose.
+
+A move (remote_iter.py: ``_move`` / ``_finish_move``)
+  Only between two tasks of the logical worker: it drains first. While ``moving_to`` is
+  set, the tasks torch's order assigns to it wait in ``slot.pending`` (they still count
+  against the prefetch bound); when its last in-flight result is filed, the old process
+  drops its replica, the new one makes a replica at the slot's position (RNG state, an
+  IterableDataset's ``state_dict``) and the pending tasks are submitted there, in order.
+  An IterableDataset replica without ``state_dict`` cannot seek: it never moves. If a
+  process dies while one of its workers is leaving, that worker arrives at once; if the
+  destination dies first, the worker stays. One round of moves at a time.
+
+What decides (this module, on the training thread, at most once per window)
+  * Autoscaling (``WorkerOptions(autoscale=Autoscale(...))``): ``scaling.AutoscalePolicy``
+    reads the window (the loop's wait, batches, each process's measured speed) and picks a
+    count. Up: new processes start *watched* (no worker moves to a process before it
+    answers, so a move never waits on a cold start), then workers move onto them. Down:
+    the slowest processes whose workers can all move retire: their workers move out, and
+    each is given back to the warm pool once empty.
+  * Rebalancing (``rebalance=True``, default): when the loop waited more than 5% of the
+    window, ``scaling.plan_moves`` moves workers from slow processes to fast ones if the
+    predicted throughput rises by 30% or more (the margin keeps noise from moving them).
+    A process left with no workers keeps its last measured speed, drifting back toward the
+    others' so it is tried again later (a busy node may have become free).
+  * New nodes (fixed process count): when the loop waits and a node joined that placement
+    by CPUs would use, one process moves there: a new one starts on it (watched), then the
+    process on the most crowded node retires into it.
+  Every decision is logged in ``loader.stats()``: ``scaling_events`` and the process count
+  over time (``process_timeline``).
+
+Across epochs
+  A loader without persistent workers makes a new iterator per epoch; with autoscaling it
+  starts with the process count the last one ended with (``loader.stats().processes``), not
+  from ``min_processes`` again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
+from dpex.scaling import AutoscalePolicy, Window, allocate, median, plan_moves, processes_for
+
+if TYPE_CHECKING:
+    from dpex.remote_iter import _Process, _RayDataLoaderIter
+
+# Rebalance only when the loop waited more than this share of a window, and only for a
+# predicted gain of at least this factor.
+_STALLED = 0.05
+_MIN_GAIN = 1.3
+_WINDOW_S = 2.0  # without autoscaling
+_MIN_SAMPLES = 5  # tasks a process must have run before its speed is trusted
+_DRIFT = 0.05  # per window, how far an empty process's speed drifts toward the others'
+
+
+class ElasticControl:
+    """Decides process counts and moves for one ``_RayDataLoaderIter``; see the NOTE."""
+
+    def __init__(self, it: _RayDataLoaderIter, options: WorkerOptions, num_workers: int,
+                 start_count: int | None) -> None:
+        self._it = it
+        self._options = options
+        self._num_workers = num_workers
+        autoscale = options.autoscale
+        self._policy = AutoscalePolicy(autoscale, num_workers) if autoscale else None
+        self._window_s = autoscale.window_s if autoscale else _WINDOW_S
+        self._start_count = start_count
+        self._last: tuple[float, float, int] | None = None  # (time, wait_s, batches)
+        self._swap: tuple[_Process, _Process] | None = None  # (new, old) for a new node
+        self._filling = False  # processes were added: move workers onto them once up
+
+    def initial_processes(self) -> int:
+        if self._policy is None:
+            return processes_for(self._num_workers, self._options.num_processes)
+        if self._start_count is not None:
+            return max(self._policy.min_processes,
+                       min(self._start_count, self._policy.max_processes))
+        return self._policy.initial()
+
+    def note(self, reason: str) -> None:
+        count = len(self._live())
+        self._it._stats.record_scaling(count, count, reason)
+
+    def tick(self) -> None:
+        """Called by the iterator after each batch and while it waits; acts once a window."""
+        stats = self._it._stats
+        now = time.monotonic()
+        if self._filling and self._fill_new_processes():  # as soon as they answer
+            return
+        if self._last is None:
+            self._last = (now, stats.wait_s, stats.batches)
+            return
+        started, wait0, batches0 = self._last
+        if now - started < self._window_s:
+            return
+        self._last = (now, stats.wait_s, stats.batches)
+        procs = self._live()
+        if not procs:
+            return
+        window = Window(now - started, stats.wait_s - wait0, stats.batches - batches0,
+                        tuple(p.speed() for p in procs))
+        self._drift_idle_speeds(procs)
+        if self._policy is not None:
+            capacity = self._it._picker.capacity(len(procs))
+            decision = self._policy.decide(window, len(procs), capacity)
+            if decision is not None:
+                self._scale(len(procs), decision.processes, decision.reason)
+                return
+        stalled = window.wait_s / window.elapsed_s > _STALLED
+        if stalled and self._options.rebalance and self._ready_to_move():
+            self._rebalance(_MIN_GAIN)
+        if stalled and self._policy is None and self._swap is None:
+            self._follow_new_nodes()
+
+    # ----------------------------------------------------------------- decisions
+
+    def _scale(self, current: int, target: int, reason: str) -> None:
+        stats = self._it._stats
+        if target > current:
+            added = 0
+            for _ in range(target - current):
+                try:
+                    self._it._add_process(watch=True)
+                    added += 1
+                    self._filling = True
+                except NoEligibleNodeError:
+                    break
+            stats.record_scaling(current, current + added, reason)
+        else:
+            chosen = self._retirable()[:current - target]
+            for proc in chosen:
+                self._retire(proc)
+            stats.record_scaling(current, current - len(chosen), reason)
+
+    def _fill_new_processes(self) -> bool:
+        """Move workers onto processes that just started and host nothing yet."""
+        procs = [p for p in self._live() if p.ready_ref is None]
+        empty = [p for p in procs if not self._it._hosted(p)]
+        starting = any(p.ready_ref is not None for p in self._live())
+        if not any(p.samples == 0 for p in empty) and not starting and self._swap is None:
+            self._filling = False
+        if not empty or self._moving():
+            return False
+        if self._swap is not None and self._swap[0] in empty:
+            new, old = self._swap
+            self._swap = None
+            self._retire(old, prefer=new)
+            return True
+        if any(p.samples == 0 for p in empty) and len(empty) < len(procs):
+            return bool(self._rebalance(min_gain=1.0))
+        return False
+
+    def _rebalance(self, min_gain: float) -> int:
+        procs = [p for p in self._live() if p.ready_ref is None]
+        hosted = [[s.worker_id for s in self._it._hosted(p)] for p in procs]
+        movable = {s.worker_id for s in self._it._slots if self._it._movable(s)}
+        moves = plan_moves([p.speed() for p in procs], hosted, movable, min_gain)
+        for worker_id, src, dst in moves:
+            self._it._move(self._it._slots[worker_id], procs[dst])
+        if moves:
+            speeds = ", ".join(f"process {p.serial}: {p.speed():.1f}/s" for p in procs)
+            count = len(self._live())
+            self._it._stats.record_scaling(
+                count, count, f"moved workers {sorted(w for w, _, _ in moves)} toward faster "
+                              f"processes ({speeds})")
+        return len(moves)
+
+    def _follow_new_nodes(self) -> None:
+        """Fixed count: if placement by CPUs now wants a node with fewer processes than its
+        share (it joined mid-epoch), start one there and retire one from a crowded node."""
+        if not self._options.spread:
+            return
+        procs = self._live()
+        cpus = eligible_node_cpus(self._options, self._it._picker.trainer_node_id)
+        nodes = sorted(cpus)
+        ideal = dict(zip(nodes, allocate(len(procs), [cpus[n] for n in nodes])))
+        have = {n: sum(p.node_id == n for p in procs) for n in nodes}
+        if not any(have[n] < ideal[n] for n in nodes):
+            return
+        crowded = [p for p in self._retirable()
+                   if p.node_id not in ideal or have[p.node_id] > ideal[p.node_id]]
+        if not crowded:
+            return
+        try:
+            new = self._it._add_process(watch=True)
+        except NoEligibleNodeError:
+            return
+        self._swap = (new, crowded[0])
+        self._filling = True
+        self._it._stats.record_scaling(
+            len(procs), len(procs), f"a node joined: starting a process on {new.node_id}, "
+                                    f"then retiring process {crowded[0].serial}")
+
+    # ----------------------------------------------------------------- helpers
+
+    def _retire(self, proc: _Process, prefer: _Process | None = None) -> None:
+        """Move ``proc``'s workers out (to ``prefer`` first, else by speed), then release it."""
+        proc.retiring = True
+        self._it._count_processes()
+        others = [p for p in self._live() if p.ready_ref is None]
+        counts = {p: len(self._it._hosted(p)) for p in others}
+        typical = median([p.speed() for p in others if p.speed() > 0]) if others else 0.0
+        for slot in [s for s in self._it._slots if s.process is proc]:
+            if prefer is not None and prefer in counts:
+                dest = prefer
+            else:
+                dest = max(others, key=lambda p: ((p.speed() or typical) / (counts[p] + 1),
+                                                  -p.serial))
+            counts[dest] += 1
+            self._it._move(slot, dest)
+        if not self._it._hosted(proc):
+            self._it._drop_process(proc, reuse=True)
+
+    def _retirable(self) -> list[_Process]:
+        """Processes that can give all their workers away, in the order to retire them:
+        those still starting or hosting nothing, then the slowest. One that has started
+        always stays, to take the others' workers."""
+        procs = self._live()
+        started = [p for p in procs if p.ready_ref is None]
+        empty = [p for p in procs if not self._it._hosted(p)]
+        busy = sorted((p for p in started if p not in empty and all(
+            self._it._movable(s) for s in self._it._hosted(p))), key=lambda p: p.speed())
+        keep = next((p for p in reversed(busy)), None) or next(iter(started), None)
+        return [p for p in empty + busy if p is not keep]
+
+    def _live(self) -> list[_Process]:
+        return [p for p in self._it._procs if not p.dead and not p.retiring]
+
+    def _moving(self) -> bool:
+        return any(s.moving_to is not None for s in self._it._slots)
+
+    def _ready_to_move(self) -> bool:
+        if self._moving():
+            return False
+        return all(p.samples >= _MIN_SAMPLES for p in self._live() if self._it._hosted(p))
+
+    def _drift_idle_speeds(self, procs: list[Any]) -> None:
+        busy = [p.busy_s for p in procs if p.busy_s and self._it._hosted(p)]
+        if not busy:
+            return
+        typical = median(busy)
+        for proc in procs:
+            if proc.busy_s and not self._it._hosted(proc):
+                proc.busy_s += (typical - proc.busy_s) * _DRIFT

@@ -1,0 +1,221 @@
+"""How many worker processes, and which logical workers each one hosts. Pure: no Ray.
+
+A loader has ``num_workers`` logical workers (torch's workers: task t goes to worker
+t mod N, and batches are handed out in task order). A process hosting ``k`` of them at a
+speed of ``s`` batches/s gives each ``s / k``, and since every logical worker must make
+1/N of the batches, the loader runs at ``N * min(s_p / k_p)`` over its processes: the
+slowest logical worker sets the pace. Two questions follow, both answered here:
+
+* ``allocate``: given the processes' speeds, how many logical workers each should host.
+  The D'Hondt (highest averages) rule maximises that minimum; the same rule places
+  processes on nodes in proportion to their CPUs.
+* ``AutoscalePolicy``: given what the training loop waited over a window, how many
+  processes the loader should have. It scales on the trainer's own batch time, as Cachew
+  (USENIX ATC'22) does, not on queue depth: the trainer's compute time per batch is the
+  demand, the processes' measured speeds the supply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def allocate(seats: int, weights: Sequence[float]) -> list[int]:
+    """Split ``seats`` among parties in proportion to ``weights`` (D'Hondt).
+
+    Maximises ``min(weight_p / seats_p)`` over the parties that get a seat; ties go to the
+    earlier party, so the result is deterministic.
+
+    >>> allocate(4, [1.0, 1.0])
+    [2, 2]
+    >>> allocate(4, [1.0, 0.1])
+    [4, 0]
+    """
+    counts = [0] * len(weights)
+    for _ in range(seats if weights else 0):
+        best = max(range(len(weights)), key=lambda p: (weights[p] / (counts[p] + 1), -p))
+        counts[best] += 1
+    return counts
+
+
+def throughput(speeds: Sequence[float], counts: Sequence[int]) -> float:
+    """Batches/s of a loader whose processes run at ``speeds`` and host ``counts``."""
+    n = sum(counts)
+    rates = [s / k for s, k in zip(speeds, counts) if k > 0]
+    return n * min(rates) if rates else 0.0
+
+
+@dataclass(frozen=True)
+class Autoscale:
+    """Opt-in elastic process count for ``WorkerOptions(autoscale=...)``.
+
+    The loader's ``num_workers`` logical workers (torch's workers, unchanged bits) are
+    hosted by between ``min_processes`` and ``max_processes`` worker processes. It starts
+    with ``min_processes``, adds processes while the training loop waits for data and more
+    processes still help, and releases them when the loop no longer waits.
+
+    Args:
+        min_processes: never fewer processes (at least 1).
+        max_processes: never more; ``None`` means ``num_workers`` (one logical worker per
+            process is the most that can help) and never more than the CPUs the cluster
+            has free.
+        window_s: how long a measurement window lasts; one decision per window at most.
+        stall_up: scale up when the loop waited more than this share of a window.
+        stall_down: scale down only when it waited less than this share, and the smaller
+            count is predicted to keep up with ``down_margin`` to spare (hysteresis: the
+            two thresholds and the margin keep the count from oscillating).
+
+    Example:
+        >>> opts = Autoscale(min_processes=1, max_processes=8)
+    """
+
+    min_processes: int = 1
+    max_processes: int | None = None
+    window_s: float = 2.0
+    stall_up: float = 0.10
+    stall_down: float = 0.02
+    down_margin: float = 0.30
+
+    def __post_init__(self) -> None:
+        if self.min_processes < 1:
+            raise ValueError(f"min_processes should be at least 1, got {self.min_processes}")
+        if self.max_processes is not None and self.max_processes < self.min_processes:
+            raise ValueError(f"max_processes ({self.max_processes}) should be at least "
+                             f"min_processes ({self.min_processes})")
+        if self.window_s <= 0:
+            raise ValueError(f"window_s should be positive, got {self.window_s}")
+        if not 0 <= self.stall_down < self.stall_up <= 1:
+            raise ValueError("expected 0 <= stall_down < stall_up <= 1, got "
+                             f"{self.stall_down}, {self.stall_up}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one measurement window saw."""
+
+    elapsed_s: float  # wall time of the window
+    wait_s: float  # of which the training loop waited for data
+    batches: int  # batches handed out in it
+    speeds: tuple[float, ...]  # each current process's measured batches/s (0: unknown)
+
+
+@dataclass(frozen=True)
+class Decision:
+    processes: int
+    reason: str
+
+
+class AutoscalePolicy:
+    """Decides the process count, window by window. Pure and deterministic."""
+
+    def __init__(self, options: Autoscale, num_workers: int) -> None:
+        self.options = options
+        self.num_workers = num_workers
+        top = options.max_processes if options.max_processes is not None else num_workers
+        self.max_processes = max(options.min_processes, min(top, num_workers))
+        self.min_processes = min(options.min_processes, self.max_processes)
+        # Where adding a process did not raise the throughput: not tried again above it.
+        self.ceiling = self.max_processes
+        self._last_up: tuple[int, float] | None = None  # (count before, batches/s before)
+
+    def initial(self) -> int:
+        return self.min_processes
+
+    def decide(self, window: Window, current: int, capacity: int) -> Decision | None:
+        """The new process count, or None to stay. ``capacity``: the most processes the
+        cluster can host now (its free CPUs plus the ones this loader already uses)."""
+        if window.batches == 0 or window.elapsed_s <= 0:
+            return None
+        stall = window.wait_s / window.elapsed_s
+        rate = window.batches / window.elapsed_s
+        self._learn_from_last_step(current, rate, stall)
+        known = [s for s in window.speeds if s > 0]
+        if not known:
+            return None
+        typical = sorted(known)[len(known) // 2]
+        speeds = [s if s > 0 else typical for s in window.speeds]
+        compute_s = max(window.elapsed_s - window.wait_s, 1e-9) / window.batches
+        demand = 1.0 / compute_s  # batches/s the loop would take if it never waited
+
+        def supply(count: int) -> float:
+            procs = sorted(speeds, reverse=True)[:count] + [typical] * max(0, count - len(speeds))
+            return throughput(procs, allocate(self.num_workers, procs))
+
+        top = min(self.ceiling, self.max_processes, max(capacity, current))
+        if stall > self.options.stall_up and current < top:
+            now = supply(current)
+            helping = [c for c in range(current + 1, top + 1) if supply(c) > now * 1.05]
+            if helping:
+                enough = [c for c in helping if supply(c) >= demand * 1.1]
+                target = enough[0] if enough else helping[-1]
+                self._last_up = (current, rate)
+                return Decision(target, f"training loop waited {stall:.0%} of the last "
+                                        f"{window.elapsed_s:.1f}s; {current} -> {target} "
+                                        f"processes to supply {demand:.1f} batches/s")
+        if stall < self.options.stall_down and current > self.min_processes:
+            needed = demand * (1 + self.options.down_margin)
+            fewer = [c for c in range(self.min_processes, current) if supply(c) >= needed]
+            if fewer:
+                target = fewer[0]
+                return Decision(target, f"training loop waited {stall:.0%}; {target} "
+                                        f"processes still supply {supply(target):.1f} of the "
+                                        f"{demand:.1f} batches/s it takes")
+        return None
+
+    def _learn_from_last_step(self, current: int, rate: float, stall: float) -> None:
+        """After a scale-up, check it helped; if not, do not go above the old count again."""
+        if self._last_up is None:
+            return
+        before, rate_before = self._last_up
+        self._last_up = None
+        if current > before and rate < rate_before * 1.05 and stall > self.options.stall_up:
+            self.ceiling = before
+
+
+def plan_moves(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
+               movable: set[int], min_gain: float) -> list[tuple[int, int, int]]:
+    """Moves ``(worker_id, from_process, to_process)`` that bring the logical workers'
+    layout closer to ``allocate`` over the processes' ``speeds``, or none when the predicted
+    throughput would not rise by the factor ``min_gain``. Only ``movable`` workers move (an
+    IterableDataset replica that cannot seek stays where it is); unknown speeds (0) count as
+    the median of the known ones.
+
+    >>> plan_moves([1.0, 0.1], [[0, 2], [1, 3]], {0, 1, 2, 3}, min_gain=1.2)
+    [(3, 1, 0), (1, 1, 0)]
+    """
+    known = [s for s in speeds if s > 0]
+    if not known:
+        return []
+    typical = median(known)
+    speeds = [s if s > 0 else typical for s in speeds]
+    counts = [len(h) for h in hosted]
+    target = allocate(sum(counts), speeds)
+    moves = []
+    final = list(counts)
+    for src in range(len(hosted)):
+        for wid in sorted((w for w in hosted[src] if w in movable), reverse=True):
+            if final[src] <= target[src]:
+                break
+            dst = next((d for d in range(len(hosted)) if final[d] < target[d]), None)
+            if dst is None:
+                break
+            moves.append((wid, src, dst))
+            final[src] -= 1
+            final[dst] += 1
+    if not moves or throughput(speeds, final) < throughput(speeds, counts) * min_gain:
+        return []
+    return moves
+
+
+def processes_for(num_workers: int, num_processes: int | None) -> int:
+    """The fixed process count: ``num_processes``, or one per logical worker (torch's layout)."""
+    if num_processes is None:
+        return num_workers
+    return max(1, min(num_processes, num_workers))
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else math.nan

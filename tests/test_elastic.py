@@ -1,0 +1,174 @@
+"""Elastic workers on a local Ray: fewer processes than logical workers, logical workers
+moved between processes mid-epoch, the process count scaled up and down mid-epoch, and
+the workers' niceness. Every case compares with torch's own loader for the same seed and
+``num_workers``: whatever the processes did, the batches must be bitwise identical."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+import ray
+import torch
+from torch.utils.data import Dataset
+
+import dpex
+from helpers import AugmentedDataset, ShardedIterable, StatefulIterable, assert_batches_equal
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+# Forking this process, which runs Ray, can deadlock torch's worker on a lock one of Ray's
+# threads held: the reference loaders use forkserver, as Ray's docs advise.
+_FORKSERVER = multiprocessing.get_context("forkserver")
+_FORKSERVER.set_forkserver_preload(["torch", "helpers"])
+
+DATASETS = {
+    "map": lambda: AugmentedDataset(48),
+    "iterable_with_state_dict": lambda: StatefulIterable(48),
+    "iterable_without_state_dict": lambda: ShardedIterable(45),
+}
+
+
+def loader(distribute: bool, dataset, options=None, **kwargs):
+    kwargs.setdefault("num_workers", 4)
+    kwargs.setdefault("batch_size", 3)
+    if not isinstance(dataset, torch.utils.data.IterableDataset):
+        kwargs.setdefault("shuffle", True)
+    if distribute:
+        extra = dict(distribute_mode=True, worker_options=options)
+    else:
+        extra = dict(multiprocessing_context=_FORKSERVER)
+    cls = dpex.DataLoader if distribute else torch.utils.data.DataLoader
+    return cls(dataset, generator=torch.Generator().manual_seed(11), **kwargs, **extra)
+
+
+def torch_batches(name: str, epochs: int = 2, **kwargs) -> list:
+    ref = loader(False, DATASETS[name](), **kwargs)
+    return [b for _ in range(epochs) for b in ref]
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize("name", list(DATASETS))
+@pytest.mark.parametrize("processes", [1, 3])
+def test_fewer_processes_than_workers_gives_torchs_batches(name, processes, persistent):
+    expected = torch_batches(name, persistent_workers=persistent)
+    dl = loader(True, DATASETS[name](), dpex.WorkerOptions(num_processes=processes),
+                persistent_workers=persistent)
+    batches = [b for _ in range(2) for b in dl]
+    assert_batches_equal(expected, batches)
+    assert dl.stats().processes == processes
+
+
+def each_batch_move_one(it, every: int = 2):
+    """Iterate ``it``; every ``every`` batches, move the next movable logical worker to
+    another process (the move the rebalancer would make, forced)."""
+    batches, turn = [], 0
+    for i, batch in enumerate(it):
+        batches.append(batch)
+        if i % every == 0:
+            movable = [s for s in it._slots if it._movable(s)]
+            if movable and len(it._procs) > 1:
+                slot = movable[turn % len(movable)]
+                others = [p for p in it._procs if p is not slot.process]
+                it._move(slot, others[turn % len(others)])
+                turn += 1
+    return batches
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_moves_mid_epoch_keep_torchs_batches(name, persistent):
+    expected = torch_batches(name, persistent_workers=persistent)
+    dl = loader(True, DATASETS[name](), dpex.WorkerOptions(num_processes=2),
+                persistent_workers=persistent)
+    batches = []
+    for _ in range(2):
+        batches += each_batch_move_one(iter(dl))
+    assert_batches_equal(expected, batches)
+    moves = dl.stats().moves
+    if name == "iterable_without_state_dict":
+        assert moves == 0  # a replica that cannot seek stays where it is
+    else:
+        assert moves >= 6
+
+
+class SleepyAugmented(AugmentedDataset):
+    """Noisy samples that each take ``delay`` seconds (sleeping: no core needed)."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n)
+        self.delay = delay
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+def test_scaling_up_and_down_mid_epoch_keeps_torchs_batches():
+    dataset = SleepyAugmented(600, delay=0.002)
+    expected = list(loader(False, dataset))
+    # A window so long that the policy itself never acts: the test decides.
+    options = dpex.WorkerOptions(autoscale=dpex.Autoscale(min_processes=1, window_s=1e6))
+    dl = loader(True, dataset, options)
+    it = iter(dl)
+    batches = [next(it) for _ in range(3)]
+    it._elastic._scale(1, 4, "test: up")
+    # Processes added by the control take workers only once they answer.
+    ray.get([p.ready_ref for p in it._procs if p.ready_ref is not None])
+    while len({s.process for s in it._slots}) < 4 and len(batches) < 150:
+        batches.append(next(it))
+    hosts = {s.process for s in it._slots}
+    it._elastic._scale(4, 1, "test: down")
+    batches += list(it)
+    assert_batches_equal(expected, batches)
+    stats = dl.stats()
+    assert len(hosts) == 4, "the added processes did not take workers within 150 batches"
+    assert [c for _, c in stats.process_timeline] == [1, 2, 3, 4, 3, 2, 1]
+    assert [e.reason for e in stats.scaling_events if e.from_processes != e.to_processes] == [
+        "test: up", "test: down"]
+
+
+def test_autoscaling_follows_the_training_loop_and_keeps_torchs_batches():
+    dataset = SleepyAugmented(400, delay=0.01)  # 40 ms per batch of 4 per process
+    expected = list(loader(False, dataset, batch_size=4, num_workers=4))
+    options = dpex.WorkerOptions(autoscale=dpex.Autoscale(min_processes=1, window_s=0.5))
+    dl = loader(True, dataset, options, batch_size=4, num_workers=4)
+    batches = []
+    for batch in dl:
+        batches.append(batch)
+        if len(batches) > 50:  # second half: a slow training step, the loop never waits
+            time.sleep(0.1)
+    assert_batches_equal(expected, batches)
+    changes = [(e.from_processes, e.to_processes) for e in dl.stats().scaling_events
+               if e.from_processes != e.to_processes]
+    assert any(b > a for a, b in changes), changes  # a hungry loop got more processes
+    assert any(b < a for a, b in changes), changes  # and a slow one gave them back
+    assert max(c for _, c in dl.stats().process_timeline) <= 4
+
+
+class Niceness(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([os.getpriority(os.PRIO_PROCESS, 0)])
+
+
+@pytest.mark.parametrize("niceness", ["trainer", 15])
+def test_workers_run_at_the_asked_niceness(niceness):
+    expected = os.getpriority(os.PRIO_PROCESS, 0) if niceness == "trainer" else niceness
+    dl = loader(True, Niceness(), dpex.WorkerOptions(niceness=niceness, reuse_processes=False),
+                batch_size=1, num_workers=2)
+    assert {int(b) for b in dl} == {expected}
+    assert not dl.stats().niceness_denied
+
+
+def test_worker_options_validate_the_elastic_arguments():
+    with pytest.raises(ValueError, match="num_processes"):
+        dpex.WorkerOptions(num_processes=0)
+    with pytest.raises(TypeError, match="Autoscale"):
+        dpex.WorkerOptions(autoscale={"min_processes": 1})
+    with pytest.raises(ValueError, match="niceness"):
+        dpex.WorkerOptions(niceness="low")

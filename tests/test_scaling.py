@@ -1,0 +1,96 @@
+"""The pure elastic policy (dpex.scaling): allocation, moves, autoscaling decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpex.scaling import (Autoscale, AutoscalePolicy, Window, allocate, plan_moves,
+                          processes_for, throughput)
+
+
+def test_allocate_is_proportional_and_maximises_the_slowest_share():
+    assert allocate(4, [1, 1]) == [2, 2]
+    assert allocate(4, [1, 0.1]) == [4, 0]  # a crawling process gets nothing
+    assert allocate(6, [1, 0.5]) == [4, 2]
+    assert allocate(5, [2, 2, 1]) == [2, 2, 1]
+    assert allocate(3, []) == []
+    # No other split of 6 over speeds (1, 0.5) does better than D'Hondt's.
+    best = max(throughput([1, 0.5], [k, 6 - k]) for k in range(7))
+    assert throughput([1, 0.5], allocate(6, [1, 0.5])) == best
+
+
+def test_throughput_is_set_by_the_slowest_logical_worker():
+    assert throughput([1.0, 1.0], [2, 2]) == 2.0
+    assert throughput([1.0, 0.1], [2, 2]) == pytest.approx(0.2)
+    assert throughput([1.0, 0.1], [4, 0]) == 1.0
+
+
+def test_plan_moves_leaves_a_crawling_process_and_keeps_unmovable_workers():
+    moves = plan_moves([1.0, 0.1], [[0, 2], [1, 3]], {0, 1, 2, 3}, min_gain=1.2)
+    assert sorted(w for w, src, dst in moves) == [1, 3] and all(
+        (src, dst) == (1, 0) for _, src, dst in moves)
+    # Worker 3 cannot seek: only 1 moves, and that still pays.
+    assert plan_moves([1.0, 0.1], [[0, 2], [1, 3]], {0, 1, 2}, min_gain=1.2) == [(1, 1, 0)]
+    # Nothing movable, or too small a gain: no moves.
+    assert plan_moves([1.0, 0.1], [[0, 2], [1, 3]], {0, 2}, min_gain=1.2) == []
+    assert plan_moves([1.0, 0.9], [[0, 2], [1, 3]], {0, 1, 2, 3}, min_gain=1.2) == []
+
+
+def test_plan_moves_fills_a_new_process_of_unknown_speed():
+    moves = plan_moves([2.0, 0.0], [[0, 1, 2, 3], []], {0, 1, 2, 3}, min_gain=1.0)
+    assert len(moves) == 2 and all((src, dst) == (0, 1) for _, src, dst in moves)
+
+
+def test_processes_for_defaults_to_torchs_layout():
+    assert processes_for(4, None) == 4
+    assert processes_for(4, 2) == 2
+    assert processes_for(4, 9) == 4
+
+
+def test_autoscale_validates_its_arguments():
+    with pytest.raises(ValueError, match="min_processes"):
+        Autoscale(min_processes=0)
+    with pytest.raises(ValueError, match="max_processes"):
+        Autoscale(min_processes=3, max_processes=2)
+    with pytest.raises(ValueError, match="stall_down"):
+        Autoscale(stall_up=0.01, stall_down=0.05)
+
+
+def window(wait_fraction: float, batches: int, speeds, elapsed: float = 2.0) -> Window:
+    return Window(elapsed, elapsed * wait_fraction, batches, tuple(speeds))
+
+
+def test_policy_scales_up_to_what_the_loop_takes_and_no_further():
+    policy = AutoscalePolicy(Autoscale(min_processes=1, max_processes=8), num_workers=8)
+    # One process at 10 batches/s; the loop computes for 20 ms per batch (50/s) -> 5-6.
+    decision = policy.decide(window(0.8, 20, [10.0]), current=1, capacity=16)
+    assert decision is not None and decision.processes in (5, 6, 8)
+    assert "waited 80%" in decision.reason
+    # The cluster has room for 3 only.
+    policy = AutoscalePolicy(Autoscale(min_processes=1, max_processes=8), num_workers=8)
+    assert policy.decide(window(0.8, 20, [10.0]), current=1, capacity=3).processes == 3
+
+
+def test_policy_scales_down_only_with_margin_and_never_oscillates():
+    policy = AutoscalePolicy(Autoscale(min_processes=1), num_workers=8)
+    # 4 processes at 10/s each; the loop takes 5 batches/s and never waits -> 1 is enough.
+    decision = policy.decide(window(0.0, 10, [10.0] * 4), current=4, capacity=8)
+    assert decision is not None and decision.processes == 1
+    # A loop that takes almost what 2 processes give: no scale-down to 2 (no margin).
+    steady = window(0.01, 36, [10.0] * 4)  # 18 batches/s of 20 that 2 give
+    assert AutoscalePolicy(Autoscale(), 8).decide(steady, current=4, capacity=8).processes == 3
+    # A steady state: waits between the two thresholds -> no decision, window after window.
+    policy = AutoscalePolicy(Autoscale(), num_workers=8)
+    for _ in range(10):
+        assert policy.decide(window(0.05, 30, [10.0] * 3), current=3, capacity=8) is None
+
+
+def test_policy_stops_adding_processes_that_do_not_help():
+    policy = AutoscalePolicy(Autoscale(min_processes=1, max_processes=6), num_workers=6)
+    first = policy.decide(window(0.9, 10, [10.0]), current=1, capacity=8)
+    assert first is not None and first.processes > 1
+    # The new processes did not raise the batch rate (the node's cores were all busy).
+    again = policy.decide(window(0.9, 10, [5.0] * first.processes), current=first.processes,
+                          capacity=8)
+    assert again is None or again.processes < first.processes
+    assert policy.ceiling == 1
