@@ -21,8 +21,9 @@ run; this process starts and stops the clusters around it.
   otherwise only the run at Ray's niceness is made. Target: dpex >= 0.9 x (torch on node 0 +
   node 1's capacity), and never below torch on node 0 alone; both ratios within a repeat.
 * ``autoscale``: one machine, embedded Ray. A training loop that sleeps a fixed step time per
-  batch: the per-batch service time of one worker (measured first: torch, 1 worker) / 2.5, so
-  about 3 processes are needed; then the step halves, then doubles back (``PHASES``). dpex runs
+  batch: the per-batch service time of one worker (measured first, a loader with 1 worker
+  and nothing else waiting: dpex's when it runs, else torch's) / 2.5, so about 3 processes
+  are needed; then the step halves, then doubles back (``PHASES``). dpex runs
   with ``WorkerOptions(autoscale=Autoscale(min_processes=1, max_processes=N))`` and N logical
   workers; torch's DataLoader with N fixed workers runs the same schedule (the order
   alternates per repeat). Per phase: time to a steady process count, processes used against
@@ -346,9 +347,9 @@ def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
                    node_of_core, emit)
 
 
-def calibrate(dataset, batches: int) -> float:
-    """Seconds per batch of one torch worker, the loop not waiting on anything else."""
-    loader = _torch_loader(dataset, 1)
+def calibrate(make_loader: Callable[[], Any], batches: int) -> float:
+    """Seconds per batch of a loader with one worker, the loop not waiting on anything."""
+    loader = make_loader()
     it = iter(loader)
     for _ in range(2):  # warm-up: the worker starts, the page cache fills
         next(it)
@@ -407,16 +408,22 @@ def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     from dpex.cluster import ensure_ray
 
     dataset = JpegFolder(_jpeg_files(spec["data_dir"]), 10**6)
-    service_s = calibrate(dataset, spec["calibration_batches"])
-    steps = [service_s / LOAD * m for m in PHASES]
-    workers = spec["workers"]
-    common = {"service_s": service_s, "steps": steps, "phase_s": spec["phase_s"]}
-    names = ["torch"] + (["dpex"] if spec["autoscale"] else [])
+    # One worker's service time, per loader: dpex's process collates into ordinary memory,
+    # torch's worker into shared memory, so they differ. The step follows dpex's (the loader
+    # being scaled) when it runs; "needed" is each loader's own.
+    n = spec["calibration_batches"]
+    services = {"torch": calibrate(lambda: _torch_loader(dataset, 1), n)}
     if spec["autoscale"]:
-        ensure_ray(None)  # the embedded Ray, started before the clock
+        ensure_ray(None)  # the embedded Ray, started before any clock
+        services["dpex"] = calibrate(lambda: _dpex_loader(dataset, 1, None, {}), n)
+    steps = [services.get("dpex", services["torch"]) / LOAD * m for m in PHASES]
+    workers = spec["workers"]
+    names = list(services)
     for repeat in range(spec["repeats"]):
         for name in (names if repeat % 2 == 0 else names[::-1]):
-            rec = ElasticRecord("autoscale", name, repeat, workers, 1, extra=dict(common))
+            rec = ElasticRecord("autoscale", name, repeat, workers, 1, extra={
+                "service_s": services[name], "services_s": services, "steps": steps,
+                "phase_s": spec["phase_s"]})
             try:
                 if name == "torch":
                     loader = _torch_loader(dataset, workers)

@@ -293,10 +293,14 @@ def summarise_autoscale(records: list[ElasticRecord]) -> list[AutoscaleRow]:
 def autoscale_table(rows: list[AutoscaleRow], records: list[ElasticRecord] = ()) -> str:
     if not rows:
         return ""
-    service = _median(r.extra.get("service_s") for r in records if r.workload == "autoscale")
-    head = (f"| autoscale (one worker: {_fmt(service and 1e3 * service, '.0f')} ms per batch) "
-            "phase | step (ms) | needed | loader | time to steady (s) | processes, steady "
-            "| mean processes | stall after steady | batches/s |")
+    services = defaultdict(list)
+    for r in records:
+        if r.workload == "autoscale" and r.extra.get("service_s"):
+            services[r.loader].append(r.extra["service_s"])
+    one = ", ".join(f"{name} {1e3 * _median(v):.0f}" for name, v in sorted(services.items()))
+    head = (f"| autoscale (one worker, ms per batch: {one or '–'}) phase | step (ms) | needed "
+            "| loader | time to steady (s) | processes, steady | mean processes "
+            "| stall after steady | batches/s |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         converge = _fmt(r.converge_s, ".1f") + (f" ({r.unsteady} not steady)" if r.unsteady else "")
