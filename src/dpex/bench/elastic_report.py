@@ -379,6 +379,17 @@ def plot_unequal(rows: list[UnequalRow], path: Path, title: str = "") -> Path:
     return _save(fig, plt, path, title)
 
 
+def stall_over_time(rec: ElasticRecord, window_s: float) -> list[tuple[float, float]]:
+    """(window middle, waited / (waited + stepped)) over consecutive windows of a run."""
+    steps = rec.extra["steps"]
+    bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for t, wait, phase, _ in rec.extra.get("samples", []):
+        acc = bins[int(t // window_s)]
+        acc[0] += wait
+        acc[1] += wait + steps[int(phase)]
+    return [((k + 0.5) * window_s, w / total) for k, (w, total) in sorted(bins.items()) if total]
+
+
 def plot_autoscale(records: list[ElasticRecord], path: Path, title: str = "") -> Path:
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
@@ -386,26 +397,33 @@ def plot_autoscale(records: list[ElasticRecord], path: Path, title: str = "") ->
             and r.extra.get("samples")]
     for rec in runs:
         samples = rec.extra["samples"]
-        timeline = rec.extra.get("process_timeline") or [[s[0], s[3]] for s in samples]
-        if timeline:
-            xs, ys = zip(*timeline)
-            top.step(xs, ys, where="post", label=f"{rec.loader} (repeat {rec.repeat})")
-        bottom.plot([s[0] for s in samples], [1e3 * s[1] for s in samples], ".", markersize=2,
-                    label=f"{rec.loader} (repeat {rec.repeat})")
+        timeline = [list(p) for p in rec.extra.get("process_timeline") or []]
+        timeline = timeline or [[samples[0][0], samples[0][3]]]
+        timeline.append([samples[-1][0], samples[-1][3]])  # the count holds to the end
+        xs, ys = zip(*timeline)
+        label = f"{rec.loader} (repeat {rec.repeat})"
+        top.step(xs, ys, where="post", label=label)
+        window = max(0.5, rec.extra["phase_s"] / 20)
+        points = stall_over_time(rec, window)
+        if points:
+            bottom.plot(*zip(*points), label=label)
     if runs:
-        first = runs[0]
-        phase_s, service = first.extra["phase_s"], first.extra["service_s"]
-        for p, step in enumerate(first.extra["steps"]):
+        ref = next((r for r in runs if r.loader != "torch"), runs[0])
+        phase_s, service = ref.extra["phase_s"], ref.extra["service_s"]
+        for p, step in enumerate(ref.extra["steps"]):
             needed = math.ceil(service / step - 1e-9)
             top.hlines(needed, p * phase_s, (p + 1) * phase_s, colors="black",
                        linestyles="--", linewidth=0.8)
             for ax in (top, bottom):
                 ax.axvline(p * phase_s, color="grey", linewidth=0.5)
     top.set_ylabel("processes")
-    top.set_title("process count (dashed: needed = service time / step time)", fontsize=10)
+    top.set_title(f"process count (dashed: needed by {ref.loader if runs else '–'} = "
+                  "service time / step time)", fontsize=10)
     top.legend(fontsize=7)
-    bottom.set_ylabel("wait for the batch (ms)")
+    bottom.set_ylabel("stall fraction")
+    bottom.set_ylim(0, 1)
     bottom.set_xlabel("seconds since the first batch")
+    bottom.set_title("share of the loop's time spent waiting for data (per window)", fontsize=10)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     return _save(fig, plt, path, title)
