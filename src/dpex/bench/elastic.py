@@ -520,7 +520,7 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None]
         log(f"  scaleout: {len(cluster.node_cores)} node(s) at {cluster.address}, cores "
             f"{cluster.node_cores}; the trainer on node 0")
         records = _run_child(cluster.pinned(0, _child_command("scaleout", spec)), plain_env(),
-                             log, timeout_s=3600)
+                             log, timeout_s=4 * 3600)
         _note_cluster(records, cluster)
     return records, notes
 
@@ -555,7 +555,7 @@ def run_unequal(config: ElasticConfig, log: Callable[[str], None]
         log(f"  unequal: 2 nodes at {cluster.address}, cores {cluster.node_cores}; a busy "
             f"process on each of node 1's cores; niceness: {mode}")
         records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
-                             log, timeout_s=3600)
+                             log, timeout_s=4 * 3600)
         _note_cluster(records, cluster, busy)
     return records, notes
 
@@ -591,7 +591,7 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
             "data_dir": str(config.data_dir) if config.data_dir else None}
     log(f"  autoscale: {len(PHASES)} phases of {spec['phase_s']:.0f}s, {workers} workers, "
         f"step time x{', x'.join(f'{m:g}' for m in PHASES)}")
-    return _run_child(_child_command("autoscale", spec), plain_env(), log, 3600), notes
+    return _run_child(_child_command("autoscale", spec), plain_env(), log, 4 * 3600), notes
 
 
 RUNNERS = {"scaleout": run_scaleout, "unequal": run_unequal, "autoscale": run_autoscale}
