@@ -5,6 +5,7 @@ Example:
     dpex bench --workloads tiny,large --loaders torch,dpex-ray --address 10.0.0.1:6379
     dpex bench --workloads startup,ceiling --loaders torch,dpex-ray --repeats 5
     dpex bench --report bench-results/results.json --plot docs/bench.png
+    dpex bench --workloads scaleout,unequal,autoscale --nodes 1,2 --cores-per-node 1
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dpex.bench.elastic import DEFAULT_WORKERS, ELASTIC_WORKLOADS
 from dpex.bench.runners import LOADERS
 from dpex.bench.suite import (ALL_WORKLOADS, DEFAULTS, SuiteConfig, load_results, run_suite,
                               write_results)
@@ -36,19 +38,34 @@ def _ints(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like 2 or 1,2,4, got {text!r}")
     if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"worker counts must be >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"counts must be >= 1, got {text!r}")
     return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n")[0]
-    parser.add_argument("--workloads", type=_names(ALL_WORKLOADS), default=list(ALL_WORKLOADS),
-                        help=f"comma-separated, from {','.join(ALL_WORKLOADS)} (default: all; "
-                             "startup compares torch and dpex-ray in fresh processes)")
+    parser.add_argument("--workloads", type=_names((*ALL_WORKLOADS, *ELASTIC_WORKLOADS)),
+                        default=list(ALL_WORKLOADS),
+                        help=f"comma-separated, from {','.join(ALL_WORKLOADS)} (default: all "
+                             "of these; startup compares torch and dpex-ray in fresh processes) "
+                             f"and {','.join(ELASTIC_WORKLOADS)} (elastic workers: only when "
+                             "named; scaleout and unequal start Ray nodes pinned to cores)")
     parser.add_argument("--loaders", type=_names(LOADERS), default=list(LOADERS),
                         help=f"comma-separated, from {','.join(LOADERS)} (default: all)")
-    parser.add_argument("--workers", type=_ints, default=[2],
-                        help="num_workers for every loader; comma-separated to sweep (default 2)")
+    parser.add_argument("--workers", type=_ints, default=None,
+                        help="num_workers for every loader; comma-separated to sweep (default 2; "
+                             f"the elastic workloads take the first value, default "
+                             f"{DEFAULT_WORKERS})")
     parser.add_argument("--size", choices=SIZES, default="small",
                         help="items per epoch: tiny (smoke test), small (default), full")
     parser.add_argument("--epochs", type=int, default=None,
@@ -64,6 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where results.json, results.md and bench.png go")
     parser.add_argument("--plot", type=Path, default=None,
                         help="where the PNG goes (default: OUT/bench.png)")
+    parser.add_argument("--nodes", type=_ints, default=[1, 2],
+                        help="scaleout: the node counts dpex's workers spread over (default "
+                             "1,2; nodes that do not fit on this machine's cores are skipped)")
+    parser.add_argument("--cores-per-node", type=_positive, default=1, metavar="N",
+                        help="scaleout, unequal: cores per Ray node (default 1)")
     parser.add_argument("--report", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: redo the table and plot of an earlier results.json")
     parser.add_argument("--data-dir", type=Path, default=None,
@@ -72,16 +94,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = SuiteConfig(
-        workloads=args.workloads, loaders=args.loaders, workers=args.workers, size=args.size,
-        epochs=args.epochs, repeats=args.repeats, address=args.address, out=args.out,
-        data_dir=args.data_dir, plot=args.plot,
+        workloads=args.workloads, loaders=args.loaders, workers=args.workers or [2],
+        size=args.size, epochs=args.epochs, repeats=args.repeats, address=args.address,
+        out=args.out, data_dir=args.data_dir, plot=args.plot,
+        elastic_workers=args.workers[0] if args.workers else None, nodes=args.nodes,
+        cores_per_node=args.cores_per_node,
     )
     if args.report is not None:
-        saved, records, startup_records = load_results(args.report)
+        saved, records, startup_records, elastic_records = load_results(args.report)
         config.size = saved.get("size", config.size)
         config.epochs, config.repeats = saved.get("epochs"), saved.get("repeats")
+        config.cores_per_node = saved.get("cores_per_node", config.cores_per_node)
         info = json.loads(args.report.read_text()).get("env")
-        result = write_results(config, records, [], info=info, startup_records=startup_records)
+        result = write_results(config, records, [], info=info, startup_records=startup_records,
+                               elastic_records=elastic_records)
     else:
         result = run_suite(config)
     for table in (*result.extra_tables, result.table):
@@ -94,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
         print("  " + target.line())
     for note in result.skipped:
         print(f"skipped: {note}")
+    plots = ([result.plot_path] if result.plot_path else []) + result.extra_plots
     print(f"\nwrote {result.json_path}, {result.json_path.with_suffix('.md')}"
-          + (f", {result.plot_path}" if result.plot_path else ""))
+          + "".join(f", {p}" for p in plots))
     failed = [r for r in result.rows if r.error and not r.repeats]
-    return 1 if failed else 0
+    for error in result.elastic_errors:
+        print(f"failed: {error}")
+    return 1 if failed or result.elastic_errors else 0

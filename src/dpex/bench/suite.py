@@ -1,7 +1,9 @@
 """The suite: every selected loader on every selected workload, in alternating order.
 
-The ``startup`` workload runs first, before this process starts any Ray: its runs are fresh
-processes of their own (``startup.py``). The others go through ``runners``:
+The elastic workloads (``scaleout``, ``unequal``, ``autoscale``: only when named) run first,
+then the ``startup`` workload, before this process starts any Ray: their trainers are fresh
+processes of their own (``elastic.py``, which also starts the pinned Ray nodes they need;
+``startup.py``). The others go through ``runners``:
 
 For each workload and worker count, repeat ``repeats`` times: build every loader afresh and
 run its warm-up epoch (epoch 0), one after the other; then run the steady-state epochs in
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpex.bench import env, report, runners, startup
+from dpex.bench import elastic, env, report, runners, startup
 from dpex.bench.workloads import WORKLOADS, make_workload
 
 #: Every workload ``dpex bench`` knows: the loader workloads, then the start-up run.
@@ -42,6 +44,11 @@ class SuiteConfig:
     out: Path = Path("bench-results")
     data_dir: Path | None = None
     plot: Path | None = None  # default: out/bench.png
+    # The elastic workloads: num_workers (None: elastic.DEFAULT_WORKERS), node counts for
+    # scaleout, cores per node for scaleout and unequal.
+    elastic_workers: int | None = None
+    nodes: list[int] = field(default_factory=lambda: [1, 2])
+    cores_per_node: int = 1
 
     def resolved(self) -> tuple[int, int]:
         epochs, repeats = DEFAULTS[self.size]
@@ -59,6 +66,9 @@ class SuiteResult:
     skipped: list[str]
     startup_rows: list[startup.StartupRow] = field(default_factory=list)
     extra_tables: list[str] = field(default_factory=list)  # the startup and ceiling views
+    extra_plots: list[Path] = field(default_factory=list)  # the elastic workloads' PNGs
+    elastic_records: list[elastic.ElasticRecord] = field(default_factory=list)
+    elastic_errors: list[str] = field(default_factory=list)
 
 
 def ray_data_available() -> bool:
@@ -78,6 +88,15 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
     if "shards" in workloads and importlib.util.find_spec("webdataset") is None:
         workloads.remove("shards")
         skipped.append("shards (install the optional extra: pip install 'dpex[data]')")
+    elastic_records: list[elastic.ElasticRecord] = []
+    chosen_elastic = [name for name in workloads if name in elastic.ELASTIC_WORKLOADS]
+    if chosen_elastic:
+        workloads = [name for name in workloads if name not in elastic.ELASTIC_WORKLOADS]
+        elastic_records, notes = elastic.run_elastic(chosen_elastic, elastic.ElasticConfig(
+            size=config.size, epochs=epochs, repeats=repeats, workers=config.elastic_workers,
+            nodes=config.nodes, cores_per_node=config.cores_per_node,
+            data_dir=config.data_dir), log)
+        skipped += notes
     startup_records: list[startup.StartupRecord] = []
     if "startup" in workloads:
         workloads.remove("startup")
@@ -104,7 +123,8 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
                                                    config.address):
                     records.append(rec)
                     log(_progress(rec))
-    return write_results(config, records, skipped, startup_records=startup_records)
+    return write_results(config, records, skipped, startup_records=startup_records,
+                         elastic_records=elastic_records)
 
 
 def _progress(rec: runners.RunRecord) -> str:
@@ -116,18 +136,24 @@ def _progress(rec: runners.RunRecord) -> str:
             f"{rate:,.0f} items/s steady, first epoch {rec.epochs[0].seconds:.2f}s")
 
 
-def load_results(path: Path) -> tuple[dict, list[runners.RunRecord], list[startup.StartupRecord]]:
-    """The config, records and startup records of an earlier run's ``results.json``."""
+def load_results(path: Path) -> tuple[dict, list[runners.RunRecord],
+                                      list[startup.StartupRecord], list[elastic.ElasticRecord]]:
+    """The config, records, startup and elastic records of an earlier run's ``results.json``."""
     data = json.loads(Path(path).read_text())
     return (data.get("config", {}), [runners.RunRecord.from_json(r) for r in data["records"]],
-            startup.records_from_json(data.get("startup", [])))
+            startup.records_from_json(data.get("startup", [])),
+            [elastic.ElasticRecord.from_json(r) for r in data.get("elastic", [])])
 
 
 def write_results(config: SuiteConfig, records: list[runners.RunRecord],
                   skipped: list[str], info: dict[str, str] | None = None,
-                  startup_records: list[startup.StartupRecord] | None = None) -> SuiteResult:
-    """Summarise ``records``; write results.json, results.md and the plot."""
+                  startup_records: list[startup.StartupRecord] | None = None,
+                  elastic_records: list[elastic.ElasticRecord] | None = None) -> SuiteResult:
+    """Summarise ``records``; write results.json, results.md and the plots."""
+    from dpex.bench import elastic_report
+
     startup_records = startup_records or []
+    elastic_records = elastic_records or []
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = report.summarise(records)
@@ -138,20 +164,38 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
         startup.markdown_table(startup_rows, config.workers[0]) if startup_rows else "",
         report.ceiling_table(rows)) if t]
     info = info or env.describe()
+    extra_plots: list[Path] = []
+    elastic_errors: list[str] = []
+    if elastic_records:
+        try:
+            found = elastic_report.report(elastic_records, out, f"({info['machine']})",
+                                          config.cores_per_node)
+        except ImportError as exc:  # matplotlib missing: the tables still come out
+            skipped.append(f"elastic plots ({exc})")
+            found = elastic_report.report(elastic_records, out, plots=False,
+                                          cores_per_node=config.cores_per_node)
+        extra_tables = found.tables + extra_tables
+        checks = found.targets + checks
+        extra_plots, elastic_errors = found.plots, found.errors
     epochs, repeats = config.resolved()
     json_path = out / "results.json"
     json_path.write_text(json.dumps({
         "env": info,
         "config": {"size": config.size, "epochs": epochs, "repeats": repeats,
-                   "workers": config.workers, "address": config.address},
+                   "workers": config.workers, "address": config.address,
+                   "elastic_workers": config.elastic_workers, "nodes": config.nodes,
+                   "cores_per_node": config.cores_per_node},
         "records": [r.to_json() for r in records],
         "startup": [r.to_json() for r in startup_records],
+        "elastic": [r.to_json() for r in elastic_records],
     }, indent=1))
     versions = ", ".join(f"{k} {v}" for k, v in info.items() if k != "machine")
     body = [f"Machine: {info['machine']}", f"Versions: {versions}",
             f"Size {config.size}: {epochs} epochs per run (1 warm-up), {repeats} repeats, medians.",
             *(f"\n{t}" for t in (*extra_tables, table) if t),
             "", "Targets:", *(t.line() for t in checks)]
+    if elastic_errors:
+        body += ["", "Failed: " + "; ".join(elastic_errors)]
     if skipped:
         body += ["", "Skipped: " + "; ".join(skipped)]
     (out / "results.md").write_text("\n".join(body) + "\n")
@@ -163,4 +207,4 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
     except ImportError as exc:
         skipped.append(f"plot ({exc})")
     return SuiteResult(records, rows, checks, table, plot_path, json_path, skipped,
-                       startup_rows, extra_tables)
+                       startup_rows, extra_tables, extra_plots, elastic_records, elastic_errors)

@@ -1,0 +1,619 @@
+"""The elastic-workers workloads: ``scaleout``, ``unequal`` and ``autoscale``.
+
+All three run the CPU-heavy JPEG pipeline of the ``cpu`` workload (decode, random-resized-crop
+224, flip, normalise; batch 32). The trainer is a child process (``python -m
+dpex.bench.elastic --child WORKLOAD --spec JSON``) that prints one ``RECORD {json}`` line per
+run; this process starts and stops the clusters around it.
+
+* ``scaleout``: real Ray nodes pinned to their own cores (``nodes.NodeCluster``: ``ray start``
+  under ``taskset``), ``--cores-per-node`` cores each, as many as the largest of ``--nodes``.
+  The trainer runs on node 0's cores and joins the head. Per repeat: torch's DataLoader on the
+  trainer's node alone (its forked workers inherit the trainer's affinity), and dpex with its
+  workers on the first K nodes, for each K in ``--nodes`` (the custom resource
+  ``dpex_bench_upto_K``). Batches/s over the steady epochs; the ratio dpex(K) / torch is taken
+  within a repeat. Target: K nodes >= 0.925 K x torch on one (2 nodes: 1.85x; the limit is K).
+* ``unequal``: 2 such nodes; node 1's cores also run a busy process each (``while True:
+  pass``, normal priority). Per repeat: torch on node 0 alone; the same torch loader with its
+  workers pinned to node 1's cores (``worker_init_fn``: what node 1 can give under that load);
+  dpex over both nodes with its workers at Ray's worker niceness (15) and at the trainer's
+  (``WorkerOptions(niceness=15 / "trainer")``). Before dpex has that option, the niceness is
+  set by a ``worker_init_fn`` where this user may lower a process's niceness (a note says so),
+  otherwise only the run at Ray's niceness is made. Target: dpex >= 0.9 x (torch on node 0 +
+  node 1's capacity), and never below torch on node 0 alone; both ratios within a repeat.
+* ``autoscale``: one machine, embedded Ray. A training loop that sleeps a fixed step time per
+  batch: the per-batch service time of one worker (measured first, a loader with 1 worker
+  and nothing else waiting: dpex's when it runs, else torch's) / 2.5, so about 3 processes
+  are needed; then the step halves, then doubles back (``PHASES``). dpex runs
+  with ``WorkerOptions(autoscale=Autoscale(min_processes=1, max_processes=N))`` and N logical
+  workers; torch's DataLoader with N fixed workers runs the same schedule (the order
+  alternates per repeat). Per phase: time to a steady process count, processes used against
+  those needed (ceil(service / step)), the stall fraction after that, and the process count
+  over time (``loader.stats()``: ``processes``, ``process_timeline``, ``scaling_events``).
+  Without elastic workers in this dpex, only torch runs and a note says so.
+
+In every workload a repeat builds each loader and runs its warm-up epoch, one after the
+other (the order reversed on odd repeats), then the steady epochs in turns, one epoch of each
+loader at a time (reversed every other epoch), as ``runners.run_interleaved`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ELASTIC_WORKLOADS = ("scaleout", "unequal", "autoscale")
+DEFAULT_WORKERS = {"scaleout": 4, "unequal": 4, "autoscale": 8}
+BATCH_SIZE = 32
+PREFETCH_FACTOR = 2
+RAY_WORKER_NICENESS = 15  # Ray's default (RAY_worker_niceness)
+# scaleout / unequal: items per epoch per core of the cluster (so every core has work)
+ITEMS_PER_CORE = {"tiny": 32, "small": 320, "full": 960}
+# autoscale: seconds per phase, batches timed to measure one worker's service time
+PHASE_S = {"tiny": 2.0, "small": 20.0, "full": 60.0}
+CALIBRATION_BATCHES = {"tiny": 2, "small": 10, "full": 20}
+PHASES = (1.0, 0.5, 1.0)  # step time of each phase, times the first: halves, then doubles
+LOAD = 2.5  # processes needed in the first phase: service time / step time
+
+
+@dataclass
+class Epoch:
+    """One epoch of one loader (epoch 0 is the warm-up)."""
+
+    seconds: float
+    items: int
+    batches: int
+
+
+@dataclass
+class ElasticRecord:
+    """One loader in one repeat of an elastic workload.
+
+    ``loader`` is a label ("torch", "torch@node1", "dpex", "dpex nice=15"...), ``nodes`` how
+    many nodes its workers may use. ``extra`` holds what the workload adds: items per node and
+    the niceness its workers ran at (scaleout, unequal); the per-batch samples, the process
+    timeline and the scaling events (autoscale).
+    """
+
+    workload: str
+    loader: str
+    repeat: int
+    workers: int
+    nodes: int = 1
+    epochs: list[Epoch] = field(default_factory=list)
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steady(self) -> list[Epoch]:
+        return self.epochs[1:] or self.epochs
+
+    @property
+    def batches_per_s(self) -> float:
+        seconds = sum(e.seconds for e in self.steady)
+        return sum(e.batches for e in self.steady) / seconds if seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ElasticRecord:
+        fields = dict(data)
+        fields["epochs"] = [Epoch(**e) for e in data.get("epochs", [])]
+        return cls(**fields)
+
+
+@dataclass
+class ElasticConfig:
+    """What ``dpex bench`` asked of the elastic workloads."""
+
+    size: str = "small"
+    epochs: int = 3
+    repeats: int = 2
+    workers: int | None = None  # None: DEFAULT_WORKERS
+    nodes: list[int] = field(default_factory=lambda: [1, 2])
+    cores_per_node: int = 1
+    data_dir: Path | None = None
+
+    def workers_for(self, workload: str) -> int:
+        return self.workers or DEFAULT_WORKERS[workload]
+
+
+# ------------------------------------------------------------------ what this dpex can do
+
+
+def worker_option_fields() -> set[str]:
+    import dpex
+
+    return {f.name for f in dataclasses.fields(dpex.WorkerOptions)}
+
+
+def has_niceness_option() -> bool:
+    return "niceness" in worker_option_fields()
+
+
+def has_autoscale() -> bool:
+    import dpex
+
+    return hasattr(dpex, "Autoscale") and "autoscale" in worker_option_fields()
+
+
+def can_lower_niceness() -> bool:
+    """Whether this user may lower a process's niceness (root, or RLIMIT_NICE allows)."""
+    code = ("import os; os.setpriority(os.PRIO_PROCESS, 0, 10); "
+            "os.setpriority(os.PRIO_PROCESS, 0, 0)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+# ------------------------------------------------------------------ picklable helpers
+
+
+def _jpeg_files(data_dir: str | None) -> list[str]:
+    from dpex.bench.workloads import default_data_dir, jpeg_files
+
+    return jpeg_files(Path(data_dir or default_data_dir()), count=256, width=500, height=375)
+
+
+class Probed:
+    """A map-style dataset whose samples also say where they were made: ``core`` (the lowest
+    core the worker may run on, so the node) and ``nice`` (its thread's niceness)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        sample = dict(self.dataset[i])
+        sample["core"] = min(os.sched_getaffinity(0))
+        sample["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+        return sample
+
+
+class PinTo:
+    """``worker_init_fn``: pin the worker process to ``cores`` (torch's workers on node 1)."""
+
+    def __init__(self, cores: list[int]) -> None:
+        self.cores = list(cores)
+
+    def __call__(self, worker_id: int) -> None:
+        os.sched_setaffinity(0, self.cores)
+
+
+class SetNiceness:
+    """``worker_init_fn``: every thread of the worker process at ``niceness`` (Linux's
+    niceness is per thread). Stands in for ``WorkerOptions(niceness=...)`` until dpex has it."""
+
+    def __init__(self, niceness: int) -> None:
+        self.niceness = niceness
+
+    def __call__(self, worker_id: int) -> None:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), self.niceness)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+# ------------------------------------------------------------------ the trainer (child)
+
+
+def _loader_kwargs(workers: int) -> dict[str, Any]:
+    return dict(batch_size=BATCH_SIZE, shuffle=False, num_workers=workers,
+                persistent_workers=True, prefetch_factor=PREFETCH_FACTOR)
+
+
+def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
+    """One epoch; tallies items per node and the niceness seen when samples carry them."""
+    from dpex.bench.workloads import batch_len
+
+    per_node: Counter = Counter()
+    nice: set[int] = set()
+    t0 = time.perf_counter()
+    items = batches = 0
+    for batch in loader:
+        items += batch_len(batch)
+        batches += 1
+        if isinstance(batch, dict) and "core" in batch:
+            for core, count in zip(*[t.tolist() for t in batch["core"].unique(return_counts=True)]):
+                per_node[node_of_core.get(core, -1)] += count
+            nice.update(batch["nice"].unique().tolist())
+        del batch
+    rec.epochs.append(Epoch(time.perf_counter() - t0, items, batches))
+    stats = getattr(loader, "stats", None)  # dpex's: what elastic workers report, if any
+    if stats is not None:
+        snap = stats()
+        for name in ("processes", "niceness_denied", "moves"):
+            if hasattr(snap, name):
+                rec.extra[name] = getattr(snap, name)
+    if per_node:
+        totals = Counter(rec.extra.get("items_per_node", {}))
+        totals.update({str(k): v for k, v in per_node.items()})
+        rec.extra["items_per_node"] = dict(sorted(totals.items()))
+        rec.extra["niceness_seen"] = sorted(set(rec.extra.get("niceness_seen", [])) | nice)
+
+
+def interleave(builders: list[tuple[ElasticRecord, Callable[[], Any]]], epochs: int,
+               node_of_core: dict[int, int], emit: Callable[[ElasticRecord], None]) -> None:
+    """Build each loader and run its warm-up epoch in turn, then the steady epochs in turns
+    (the order reversed every other epoch); tear them all down."""
+    from dpex.bench.runners import wait_for_workers_to_exit
+
+    live = []
+    try:
+        for rec, build in builders:
+            try:
+                loader = build()
+                run_epoch(loader, rec, node_of_core)
+                live.append((rec, loader))
+            except Exception as exc:  # one broken loader must not sink the others
+                rec.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+        for epoch in range(1, epochs):
+            for rec, loader in (live if epoch % 2 == 1 else live[::-1]):
+                if rec.error is None:
+                    try:
+                        run_epoch(loader, rec, node_of_core)
+                    except Exception as exc:
+                        rec.error = f"{type(exc).__name__}: {exc}"
+                        traceback.print_exc()
+    finally:
+        live.clear()
+        loader = None
+        gc.collect()
+        wait_for_workers_to_exit()
+    for rec, _ in builders:
+        emit(rec)
+
+
+def _dataset(spec: dict) -> Probed:
+    from dpex.bench.workloads import JpegFolder
+
+    return Probed(JpegFolder(_jpeg_files(spec["data_dir"]), spec["items"]))
+
+
+def _torch_loader(dataset, workers: int, **extra):
+    import torch
+
+    return torch.utils.data.DataLoader(dataset, **_loader_kwargs(workers), **extra)
+
+
+def _dpex_loader(dataset, workers: int, address: str | None, options: dict, **extra):
+    import dpex
+
+    return dpex.DataLoader(dataset, **_loader_kwargs(workers), distribute_mode=True,
+                           head_address=address,
+                           worker_options=dpex.WorkerOptions(**options), **extra)
+
+
+def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
+    from dpex.bench.nodes import upto_resource
+    from dpex.cluster import ensure_ray
+
+    ensure_ray(spec["address"])
+    dataset, workers = _dataset(spec), spec["workers"]
+    node_of_core = {c: i for i, cores in enumerate(spec["node_cores"]) for c in cores}
+    for repeat in range(spec["repeats"]):
+        builders = [(ElasticRecord("scaleout", "torch", repeat, workers, 1),
+                     lambda: _torch_loader(dataset, workers))]
+        for k in spec["nodes"]:
+            options = {"resources": {upto_resource(k): 0.001}}
+            builders.append((ElasticRecord("scaleout", "dpex", repeat, workers, k),
+                             lambda o=options: _dpex_loader(dataset, workers, spec["address"], o)))
+        interleave(builders if repeat % 2 == 0 else builders[::-1], spec["epochs"],
+                   node_of_core, emit)
+
+
+def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
+    from dpex.cluster import ensure_ray
+
+    ensure_ray(spec["address"])
+    dataset, workers = _dataset(spec), spec["workers"]
+    node_of_core = {c: i for i, cores in enumerate(spec["node_cores"]) for c in cores}
+    trainer_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    dpex_runs = {"feature": [("dpex nice=15", {"niceness": RAY_WORKER_NICENESS}, {}),
+                             ("dpex nice=trainer", {"niceness": "trainer"}, {})],
+                 "emulate": [("dpex nice=15", {}, {"worker_init_fn": SetNiceness(15)}),
+                             ("dpex nice=trainer", {},
+                              {"worker_init_fn": SetNiceness(trainer_nice)})],
+                 "ray-only": [("dpex nice=15", {}, {})]}[spec["niceness_mode"]]
+    for repeat in range(spec["repeats"]):
+        builders = [
+            (ElasticRecord("unequal", "torch@node0", repeat, workers, 1),
+             lambda: _torch_loader(dataset, workers)),
+            (ElasticRecord("unequal", "torch@node1", repeat, workers, 1),
+             lambda: _torch_loader(dataset, workers,
+                                   worker_init_fn=PinTo(spec["node_cores"][1]))),
+        ]
+        for label, options, extra in dpex_runs:
+            builders.append((ElasticRecord("unequal", label, repeat, workers, 2),
+                             lambda o=options, e=extra: _dpex_loader(
+                                 dataset, workers, spec["address"], o, **e)))
+        interleave(builders if repeat % 2 == 0 else builders[::-1], spec["epochs"],
+                   node_of_core, emit)
+
+
+def calibrate(make_loader: Callable[[], Any], batches: int) -> float:
+    """Seconds per batch of a loader with one worker, the loop not waiting on anything."""
+    loader = make_loader()
+    it = iter(loader)
+    for _ in range(2):  # warm-up: the worker starts, the page cache fills
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    seconds = (time.perf_counter() - t0) / batches
+    del it, loader
+    gc.collect()
+    return seconds
+
+
+def run_schedule(rec: ElasticRecord, loader, steps: list[float], phase_s: float) -> None:
+    """Consume ``loader`` at a fixed step time per phase; one sample per batch:
+    ``[t, wait_s, phase, processes]`` (t from the first batch's arrival)."""
+    samples: list[list[float]] = []
+    stats = getattr(loader, "stats", None)
+    fixed = rec.workers
+    started = time.perf_counter()
+    it = iter(loader)
+    first = next(it)
+    t0 = time.perf_counter()
+    rec.extra["first_batch_s"] = t0 - started
+    del first
+    while True:
+        t = time.perf_counter() - t0
+        phase = int(t // phase_s)
+        if phase >= len(steps):
+            break
+        try:
+            next(it)  # the loop only waits for the batch; it is dropped at once
+        except StopIteration:
+            it = iter(loader)
+            continue
+        wait = time.perf_counter() - t0 - t
+        processes = getattr(stats(), "processes", fixed) if stats else fixed
+        samples.append([round(t, 4), round(wait, 5), phase, processes])
+        time.sleep(steps[phase])
+    rec.epochs.append(Epoch(time.perf_counter() - t0, len(samples) * BATCH_SIZE, len(samples)))
+    rec.extra["samples"] = samples
+    if stats:
+        snap = stats()
+        shift = rec.extra["first_batch_s"]  # stats' clock starts when the first batch is asked
+        rec.extra["process_timeline"] = [[round(t - shift, 4), n] for t, n in
+                                         getattr(snap, "process_timeline", None) or []]
+        rec.extra["scaling_events"] = [
+            {"at_s": round(e.at_s - shift, 4), "from": e.from_processes,
+             "to": e.to_processes, "reason": str(e.reason)}
+            for e in getattr(snap, "scaling_events", None) or []]
+    del it
+
+
+def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
+    from dpex.bench.runners import wait_for_workers_to_exit
+    from dpex.bench.workloads import JpegFolder
+    from dpex.cluster import ensure_ray
+
+    dataset = JpegFolder(_jpeg_files(spec["data_dir"]), 10**6)
+    # One worker's service time, per loader: dpex's process collates into ordinary memory,
+    # torch's worker into shared memory, so they differ. The step follows dpex's (the loader
+    # being scaled) when it runs; "needed" is each loader's own.
+    n = spec["calibration_batches"]
+    services = {"torch": calibrate(lambda: _torch_loader(dataset, 1), n)}
+    if spec["autoscale"]:
+        ensure_ray(None)  # the embedded Ray, started before any clock
+        services["dpex"] = calibrate(lambda: _dpex_loader(dataset, 1, None, {}), n)
+    steps = [services.get("dpex", services["torch"]) / LOAD * m for m in PHASES]
+    workers = spec["workers"]
+    names = list(services)
+    for repeat in range(spec["repeats"]):
+        for name in (names if repeat % 2 == 0 else names[::-1]):
+            rec = ElasticRecord("autoscale", name, repeat, workers, 1, extra={
+                "service_s": services[name], "services_s": services, "steps": steps,
+                "phase_s": spec["phase_s"]})
+            try:
+                if name == "torch":
+                    loader = _torch_loader(dataset, workers)
+                else:
+                    import dpex
+
+                    auto = dpex.Autoscale(min_processes=1, max_processes=spec["max_processes"])
+                    loader = _dpex_loader(dataset, workers, None, {"autoscale": auto})
+                run_schedule(rec, loader, steps, spec["phase_s"])
+            except Exception as exc:
+                rec.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+            finally:
+                loader = None
+                gc.collect()
+                wait_for_workers_to_exit()
+            emit(rec)
+
+
+CHILDREN = {"scaleout": child_scaleout, "unequal": child_unequal, "autoscale": child_autoscale}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The trainer process: ``--child WORKLOAD --spec JSON``; one ``RECORD`` line per run."""
+    parser = argparse.ArgumentParser(description="the trainer of an elastic workload")
+    parser.add_argument("--child", choices=ELASTIC_WORKLOADS, required=True)
+    parser.add_argument("--spec", required=True, help="JSON: what to run")
+    args = parser.parse_args(argv)
+
+    def emit(rec: ElasticRecord) -> None:
+        print("RECORD " + json.dumps(rec.to_json()), flush=True)
+
+    CHILDREN[args.child](json.loads(args.spec), emit)
+    return 0
+
+
+# ------------------------------------------------------------------ this process: the parent
+
+
+def _run_child(command: list[str], env: dict[str, str], log: Callable[[str], None],
+               timeout_s: float) -> list[ElasticRecord]:
+    """Run the trainer; collect its records as they come (and log each)."""
+    from dpex.bench.elastic_report import progress_line
+
+    records = []
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            for line in proc.stdout:
+                if line.startswith("RECORD "):
+                    rec = ElasticRecord.from_json(json.loads(line[len("RECORD "):]))
+                    records.append(rec)
+                    log(progress_line(rec))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the trainer ran past {timeout_s:.0f}s")
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"the trainer ({' '.join(command[:6])} ...) exited with "
+                               f"{proc.returncode}:\n{err.read()[-3000:]}")
+    return records
+
+
+def _child_command(workload: str, spec: dict) -> list[str]:
+    return [sys.executable, "-m", "dpex.bench.elastic", "--child", workload,
+            "--spec", json.dumps(spec)]
+
+
+def run_scaleout(config: ElasticConfig, log: Callable[[str], None]
+                 ) -> tuple[list[ElasticRecord], list[str]]:
+    from dpex.bench.nodes import NodeCluster, plain_env, why_not
+
+    cpn = config.cores_per_node
+    counts = sorted({k for k in config.nodes if why_not(k, cpn) is None})
+    notes = [f"scaleout on {k} node(s): {why_not(k, cpn)}" for k in sorted(set(config.nodes))
+             if k not in counts]
+    if not counts:
+        return [], notes
+    workers = config.workers_for("scaleout")
+    if workers < max(counts) * cpn:
+        notes.append(f"scaleout: {workers} workers for {max(counts) * cpn} cores: at most "
+                     f"{workers} cores can work at once (pass --workers)")
+    with NodeCluster(max(counts), cpn, upto=counts) as cluster:
+        spec = {"address": cluster.address, "node_cores": cluster.node_cores, "nodes": counts,
+                "workers": workers, "epochs": config.epochs, "repeats": config.repeats,
+                "items": ITEMS_PER_CORE[config.size] * max(counts) * cpn,
+                "data_dir": str(config.data_dir) if config.data_dir else None}
+        log(f"  scaleout: {len(cluster.node_cores)} node(s) at {cluster.address}, cores "
+            f"{cluster.node_cores}; the trainer on node 0")
+        records = _run_child(cluster.pinned(0, _child_command("scaleout", spec)), plain_env(),
+                             log, timeout_s=4 * 3600)
+        _note_cluster(records, cluster)
+    return records, notes
+
+
+def niceness_mode() -> tuple[str, str | None]:
+    """How the unequal workload sets its workers' niceness, and a note when not as dpex will."""
+    if has_niceness_option():
+        return "feature", None
+    if can_lower_niceness():
+        return "emulate", ("unequal: WorkerOptions(niceness=...) is not in this dpex; the "
+                           "workers' niceness is set by a worker_init_fn instead (emulated)")
+    return "ray-only", ("unequal: WorkerOptions(niceness=...) is not in this dpex and this user "
+                        "may not lower a process's niceness: only dpex at Ray's niceness ran")
+
+
+def run_unequal(config: ElasticConfig, log: Callable[[str], None]
+                ) -> tuple[list[ElasticRecord], list[str]]:
+    from dpex.bench.nodes import BusyLoop, NodeCluster, plain_env, why_not
+
+    cpn = config.cores_per_node
+    reason = why_not(2, cpn)
+    if reason:
+        return [], [f"unequal: {reason}"]
+    mode, note = niceness_mode()
+    notes = [note] if note else []
+    with NodeCluster(2, cpn) as cluster, BusyLoop(cluster.node_cores[1]) as busy:
+        spec = {"address": cluster.address, "node_cores": cluster.node_cores,
+                "workers": config.workers_for("unequal"), "epochs": config.epochs,
+                "repeats": config.repeats, "niceness_mode": mode,
+                "items": ITEMS_PER_CORE[config.size] * 2 * cpn,
+                "data_dir": str(config.data_dir) if config.data_dir else None}
+        log(f"  unequal: 2 nodes at {cluster.address}, cores {cluster.node_cores}; a busy "
+            f"process on each of node 1's cores; niceness: {mode}")
+        records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
+                             log, timeout_s=4 * 3600)
+        _note_cluster(records, cluster, busy)
+    return records, notes
+
+
+def _note_cluster(records: list[ElasticRecord], cluster, busy=None) -> None:
+    """What was started for these records (so a test can check it is all gone after)."""
+    raylets = cluster.raylet_pids()
+    for rec in records:
+        rec.extra.update(raylet_pids=raylets, ray_temp_dir=cluster.temp_dir,
+                         busy_pids=[p.pid for p in busy.procs] if busy else [])
+
+
+def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
+                  ) -> tuple[list[ElasticRecord], list[str]]:
+    from dpex.bench.nodes import plain_env
+
+    notes = []
+    auto = has_autoscale()
+    if not auto:
+        notes.append("dpex on autoscale: needs elastic workers (dpex.Autoscale and "
+                     "WorkerOptions(autoscale=...) are not in this dpex); torch's reference ran")
+    workers = config.workers_for("autoscale")
+    from dpex.bench.nodes import usable_cores
+
+    most = math.ceil(LOAD / min(PHASES) - 1e-9)
+    if most > len(usable_cores()):
+        notes.append(f"autoscale: the fastest phase needs about {most} worker processes and "
+                     f"this machine gives {len(usable_cores())} cores: its stalls measure the "
+                     "machine, not the autoscaler")
+    spec = {"workers": workers, "max_processes": workers, "repeats": config.repeats,
+            "phase_s": PHASE_S[config.size], "autoscale": auto,
+            "calibration_batches": CALIBRATION_BATCHES[config.size],
+            "data_dir": str(config.data_dir) if config.data_dir else None}
+    log(f"  autoscale: {len(PHASES)} phases of {spec['phase_s']:.0f}s, {workers} workers, "
+        f"step time x{', x'.join(f'{m:g}' for m in PHASES)}")
+    return _run_child(_child_command("autoscale", spec), plain_env(), log, 4 * 3600), notes
+
+
+RUNNERS = {"scaleout": run_scaleout, "unequal": run_unequal, "autoscale": run_autoscale}
+
+
+def run_elastic(workloads: list[str], config: ElasticConfig,
+                log: Callable[[str], None] = print) -> tuple[list[ElasticRecord], list[str]]:
+    """Run the selected elastic workloads; their records, and notes on what was skipped."""
+    from dpex.bench.workloads import default_data_dir, jpeg_files
+
+    jpeg_files(Path(config.data_dir or default_data_dir()), count=256, width=500, height=375)
+    records, notes = [], []
+    for name in workloads:
+        try:
+            recs, more = RUNNERS[name](config, log)
+        except Exception as exc:  # a cluster that would not start must not sink the suite
+            traceback.print_exc()
+            recs, more = [], [f"{name}: failed: {type(exc).__name__}: {exc}"]
+        records += recs
+        notes += more
+    return records, notes
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""The elastic-workers benchmarks (scaleout, unequal, autoscale): summaries from made-up
+records, and each workload run once at its tiniest size through ``dpex bench`` as a user runs
+it (a fresh process, a user's environment). No timing is asserted: these check that the
+tables, JSON and plots come out and that every Ray node and busy process started is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import user_env
+from dpex.bench import elastic_report, nodes
+from dpex.bench.elastic import ElasticRecord, Epoch
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _rec(workload, loader, repeat, seconds, nodes=1, batches=10, **extra):
+    epochs = [Epoch(seconds, batches * 32, batches) for _ in range(3)]
+    return ElasticRecord(workload, loader, repeat, 4, nodes, epochs, extra=extra)
+
+
+# ------------------------------------------------------------------ summaries, no Ray
+
+
+def test_scaleout_ratio_is_taken_within_a_repeat():
+    records = [_rec("scaleout", "torch", 0, 1.0), _rec("scaleout", "dpex", 0, 0.5, nodes=2),
+               _rec("scaleout", "torch", 1, 2.0), _rec("scaleout", "dpex", 1, 2.0, nodes=2),
+               _rec("scaleout", "torch", 2, 4.0), _rec("scaleout", "dpex", 2, 2.0, nodes=2,
+                                                       items_per_node={"0": 30, "1": 10})]
+    rows = {(r.loader, r.nodes): r for r in elastic_report.summarise_scaleout(records)}
+    assert rows[("dpex", 2)].ratio == pytest.approx(2.0)  # median of 2, 1, 2
+    assert rows[("dpex", 2)].node_share == {"0": 0.75, "1": 0.25}
+    (target,) = elastic_report.scaleout_targets(list(rows.values()))
+    assert target.threshold == pytest.approx(1.85) and target.met is True
+    table = elastic_report.scaleout_table(list(rows.values()), 1)
+    assert "| dpex | 2 | 4 | 5.00 | 2.00 | 0: 75%, 1: 25% |" in table
+
+
+def test_unequal_compares_with_what_the_two_nodes_give():
+    records = [_rec("unequal", "torch@node0", 0, 1.0), _rec("unequal", "torch@node1", 0, 2.0),
+               _rec("unequal", "dpex nice=15", 0, 1.0, nodes=2, niceness_seen=[15]),
+               _rec("unequal", "dpex nice=trainer", 0, 1 / 1.4, nodes=2, niceness_seen=[0])]
+    rows = {r.loader: r for r in elastic_report.summarise_unequal(records)}
+    assert rows["node0 + node1"].batches_per_s == pytest.approx(15.0)
+    assert rows["dpex nice=trainer"].vs_sum == pytest.approx(14 / 15)
+    assert rows["dpex nice=15"].vs_node0 == pytest.approx(1.0)
+    met = {(t.loader, t.text): t.met for t in elastic_report.unequal_targets(list(rows.values()))}
+    assert met[("dpex nice=trainer", "batches/s vs the two nodes' capacity")] is True
+    assert met[("dpex nice=15", "batches/s vs the two nodes' capacity")] is False
+    assert "| 15 |" in elastic_report.unequal_table(list(rows.values()))
+
+
+def _autoscale_record(repeat=0):
+    """Step 100 ms, 50 ms, 100 ms; one worker needs 250 ms a batch: 3, 5 and 3 needed."""
+    samples = []
+    for i in range(300):
+        t = i * 0.1
+        phase = int(t // 10)
+        if t < 2:
+            n = 1
+        elif t < 3:
+            n = 2
+        elif t < 11.5:
+            n = 3
+        elif t < 29:
+            n = 5
+        else:
+            n = 4  # changes in the last quarter of phase 2: no steady state there
+        samples.append([t, 0.1 if t < 3 else 0.0, phase, n])
+    return ElasticRecord("autoscale", "dpex", repeat, 8, 1, [Epoch(30.0, 9600, 300)], extra={
+        "samples": samples, "steps": [0.1, 0.05, 0.1], "phase_s": 10.0, "service_s": 0.25,
+        "process_timeline": [[0.0, 1], [2.0, 2], [3.0, 3], [11.5, 5], [29.0, 4]],
+        "scaling_events": [{"at_s": 2.0, "from": 1, "to": 2, "reason": "stalled"}]})
+
+
+def test_autoscale_phases_convergence_processes_and_stall():
+    phases = elastic_report.analyse_run(_autoscale_record())
+    assert [p.needed for p in phases] == [3, 5, 3]
+    assert phases[0].converge_s == pytest.approx(3.0)
+    assert phases[0].processes == 3 and phases[0].stall == pytest.approx(0.0)
+    assert phases[1].converge_s == pytest.approx(1.5) and phases[1].processes == 5
+    assert phases[2].converge_s is None and phases[2].stall is None
+    rows = elastic_report.summarise_autoscale([_autoscale_record(0), _autoscale_record(1)])
+    assert [(r.phase, r.unsteady) for r in rows] == [(0, 0), (1, 0), (2, 2)]
+    table = elastic_report.autoscale_table(rows, [_autoscale_record()])
+    assert "| 0 (×1.0) | 100 | 3 | dpex | 3.0 | 3.0 |" in table
+    assert "2.0s 1→2 (stalled)" in table
+
+
+def test_plots_and_report_from_records(tmp_path):
+    records = [_rec("scaleout", "torch", 0, 1.0), _rec("scaleout", "dpex", 0, 0.6, nodes=2),
+               _rec("unequal", "torch@node0", 0, 1.0), _rec("unequal", "torch@node1", 0, 2.0),
+               _rec("unequal", "dpex nice=trainer", 0, 1.0, nodes=2), _autoscale_record()]
+    found = elastic_report.report(records, tmp_path)
+    assert sorted(p.name for p in found.plots) == ["autoscale.png", "scaleout.png", "unequal.png"]
+    assert all(p.read_bytes()[:8] == PNG_SIGNATURE for p in found.plots)
+    assert len(found.tables) == 3 and not found.errors
+
+
+def test_report_redoes_the_elastic_tables_from_saved_results(tmp_path, capsys):
+    from dpex.bench.suite import SuiteConfig, write_results
+    from dpex.cli import main
+
+    config = SuiteConfig(workloads=[], size="tiny", out=tmp_path / "run")
+    write_results(config, [], [], elastic_records=[
+        _rec("scaleout", "torch", 0, 1.0), _rec("scaleout", "dpex", 0, 0.5, nodes=2)])
+    code = main(["bench", "--report", str(tmp_path / "run" / "results.json"),
+                 "--out", str(tmp_path / "again")])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| dpex | 2 | 4 | 20.00 | 2.00 |" in printed
+    assert "[MET    ] scaleout dpex" in printed
+    assert (tmp_path / "again" / "scaleout.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_elastic_workloads_are_not_in_the_default_list():
+    import argparse
+
+    from dpex.bench import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert not {"scaleout", "unequal", "autoscale"} & set(parser.parse_args([]).workloads)
+    args = parser.parse_args(["--workloads", "scaleout", "--nodes", "1,2,4",
+                              "--cores-per-node", "2"])
+    assert (args.workloads, args.nodes, args.cores_per_node) == (["scaleout"], [1, 2, 4], 2)
+
+
+def test_nodes_that_do_not_fit_are_refused_with_a_reason():
+    have = len(nodes.usable_cores())
+    assert "need" in nodes.why_not(have + 1, 1)
+    with pytest.raises(RuntimeError, match="cannot start"):
+        nodes.NodeCluster(have + 1, 1)
+
+
+# ------------------------------------------------------------------ each workload, for real
+
+
+def _bench(tmp_path, *args: str) -> tuple[dict, str]:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpex", "bench", "--size", "tiny", "--epochs", "2",
+         "--repeats", "1", "--workers", "2", "--out", str(out),
+         "--data-dir", str(tmp_path / "data"), *args],
+        env=user_env(), capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    return json.loads((out / "results.json").read_text()), proc.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _assert_everything_stopped(records: list[dict]) -> None:
+    started = [pid for r in records for key in ("raylet_pids", "busy_pids")
+               for pid in r["extra"].get(key, [])]
+    assert any(r["extra"].get("raylet_pids") for r in records)
+    assert not [pid for pid in started if _alive(pid)]
+    for temp_dir in {r["extra"]["ray_temp_dir"] for r in records}:
+        assert not os.path.exists(temp_dir)
+        assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _alive(int(pid))
+                    and temp_dir + os.sep in _cmdline(int(pid))]  # no Ray process of it left
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+needs_cores = pytest.mark.skipif(nodes.why_not(2, 1) is not None,
+                                 reason=f"pinned nodes: {nodes.why_not(2, 1)}")
+
+
+@pytest.mark.cluster
+@needs_cores
+def test_scaleout_runs_on_pinned_nodes_and_stops_them(tmp_path):
+    results, printed = _bench(tmp_path, "--workloads", "scaleout", "--nodes", "1,2")
+    records = results["elastic"]
+    assert sorted((r["loader"], r["nodes"]) for r in records) == [
+        ("dpex", 1), ("dpex", 2), ("torch", 1)]
+    assert all(r["error"] is None and len(r["epochs"]) == 2 for r in records)
+    by = {(r["loader"], r["nodes"]): r["extra"]["items_per_node"] for r in records}
+    assert set(by[("torch", 1)]) == {"0"} and set(by[("dpex", 1)]) == {"0"}
+    assert set(by[("dpex", 2)]) == {"0", "1"}  # both nodes made items
+    assert "| dpex | 2 | 2 |" in printed and "scaleout dpex" in printed
+    assert (tmp_path / "out" / "scaleout.png").read_bytes()[:8] == PNG_SIGNATURE
+    _assert_everything_stopped(records)
+
+
+@pytest.mark.cluster
+@needs_cores
+def test_unequal_runs_with_a_busy_node_and_stops_everything(tmp_path):
+    results, printed = _bench(tmp_path, "--workloads", "unequal")
+    records = results["elastic"]
+    loaders = {r["loader"] for r in records}
+    assert {"torch@node0", "torch@node1", "dpex nice=15"} <= loaders
+    assert all(r["error"] is None for r in records)
+    node1 = next(r for r in records if r["loader"] == "torch@node1")
+    assert set(node1["extra"]["items_per_node"]) == {"1"}  # pinned to node 1's core
+    ray_nice = next(r for r in records if r["loader"] == "dpex nice=15")
+    assert ray_nice["extra"]["niceness_seen"] == [15]
+    if "dpex nice=trainer" in loaders:
+        trainer = next(r for r in records if r["loader"] == "dpex nice=trainer")
+        assert trainer["extra"]["niceness_seen"] == [os.getpriority(os.PRIO_PROCESS, 0)]
+    assert "what the two nodes can give" in printed
+    assert (tmp_path / "out" / "unequal.png").read_bytes()[:8] == PNG_SIGNATURE
+    _assert_everything_stopped(records)
+
+
+@pytest.mark.ray
+def test_autoscale_runs_or_says_what_it_needs(tmp_path):
+    from dpex.bench.elastic import has_autoscale
+
+    results, printed = _bench(tmp_path, "--workloads", "autoscale")
+    records = results["elastic"]
+    assert all(r["error"] is None for r in records)
+    torch_run = next(r for r in records if r["loader"] == "torch")
+    assert torch_run["extra"]["samples"] and torch_run["extra"]["service_s"] > 0
+    assert "| 0 (×1.0) |" in printed
+    if has_autoscale():
+        dpex_run = next(r for r in records if r["loader"] == "dpex")
+        assert all(s[3] >= 1 for s in dpex_run["extra"]["samples"])
+        assert dpex_run["extra"]["process_timeline"]
+    else:
+        assert "skipped: dpex on autoscale: needs elastic workers" in printed
