@@ -124,7 +124,8 @@ def ray_local():
 # Modules that replace the shared local session with a simulated multi-node cluster of their
 # own (ray.shutdown() first). They run last, in this order, so that the local session above
 # starts once for the whole suite instead of again after each of them.
-REPLACE_THE_SESSION = ("test_webdataset.py", "test_cluster.py", "test_cluster_recovery.py")
+REPLACE_THE_SESSION = ("test_webdataset.py", "test_cluster.py", "test_cluster_recovery.py",
+                       "test_cluster_elastic.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -11,7 +11,7 @@ import ray
 import torch
 
 import dpex
-from conftest import worker_env
+from conftest import worker_job_config
 from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal
 
 pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
@@ -28,7 +28,7 @@ def cluster():
         "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
     })
     cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20)
-    ray.init(address=cluster.address, runtime_env=worker_env(), logging_level="ERROR")
+    ray.init(address=cluster.address, job_config=worker_job_config(), logging_level="ERROR")
     yield cluster
     ray.shutdown()
     cluster.shutdown()

@@ -53,7 +53,8 @@ from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpu
 from dpex.scaling import AutoscalePolicy, Window, allocate, median, plan_moves, processes_for
 
 if TYPE_CHECKING:
-    from dpex.remote_iter import ProcessHandle, _RayDataLoaderIter
+    from dpex.lifecycle import ProcessHandle
+    from dpex.remote_iter import _RayDataLoaderIter
 
 # Rebalance only when the loop waited more than this share of a window, and only for a
 # predicted gain of at least this factor.

@@ -36,7 +36,8 @@ class WorkerOptions:
         resources: custom Ray resources each worker reserves, e.g. ``{"preproc": 1}``;
             only nodes that carry them host workers.
         labels: node labels a host must carry, e.g. ``{"role": "preprocess"}``.
-        spread: spread workers round-robin over the eligible nodes (default). When False,
+        spread: spread worker processes over the eligible nodes in proportion to their CPUs
+            (default; equal nodes round-robin). When False,
             Ray's default scheduler picks (it packs the trainer's node first).
         avoid_trainer_node: never place a worker on the node the training process runs on.
         start_timeout_s: how long to wait for workers to start before failing with an error
