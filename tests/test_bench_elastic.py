@@ -222,17 +222,12 @@ def test_unequal_runs_with_a_busy_node_and_stops_everything(tmp_path):
 
 @pytest.mark.ray
 def test_autoscale_runs_or_says_what_it_needs(tmp_path):
-    from dpex.bench.elastic import has_autoscale
-
     results, printed = _bench(tmp_path, "--workloads", "autoscale")
     records = results["elastic"]
     assert all(r["error"] is None for r in records)
     torch_run = next(r for r in records if r["loader"] == "torch")
     assert torch_run["extra"]["samples"] and torch_run["extra"]["service_s"] > 0
     assert "| 0 (×1.0) |" in printed
-    if has_autoscale():
-        dpex_run = next(r for r in records if r["loader"] == "dpex")
-        assert all(s[3] >= 1 for s in dpex_run["extra"]["samples"])
-        assert dpex_run["extra"]["process_timeline"]
-    else:
-        assert "skipped: dpex on autoscale: needs elastic workers" in printed
+    dpex_run = next(r for r in records if r["loader"] == "dpex")
+    assert all(s[3] >= 1 for s in dpex_run["extra"]["samples"])
+    assert dpex_run["extra"]["process_timeline"]

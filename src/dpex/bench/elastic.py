@@ -16,9 +16,7 @@ run; this process starts and stops the clusters around it.
   pass``, normal priority). Per repeat: torch on node 0 alone; the same torch loader with its
   workers pinned to node 1's cores (``worker_init_fn``: what node 1 can give under that load);
   dpex over both nodes with its workers at Ray's worker niceness (15) and at the trainer's
-  (``WorkerOptions(niceness=15 / "trainer")``). Before dpex has that option, the niceness is
-  set by a ``worker_init_fn`` where this user may lower a process's niceness (a note says so),
-  otherwise only the run at Ray's niceness is made. Target: dpex >= 0.9 x (torch on node 0 +
+  (``WorkerOptions(niceness=15 / "trainer")``). Target: dpex >= 0.9 x (torch on node 0 +
   node 1's capacity), and never below torch on node 0 alone; both ratios within a repeat.
 * ``autoscale``: one machine, embedded Ray. A training loop that sleeps a fixed step time per
   batch: the per-batch service time of one worker (measured first, a loader with 1 worker
@@ -39,7 +37,6 @@ loader at a time (reversed every other epoch), as ``runners.run_interleaved`` do
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import math
@@ -135,29 +132,6 @@ class ElasticConfig:
 # ------------------------------------------------------------------ what this dpex can do
 
 
-def worker_option_fields() -> set[str]:
-    import dpex
-
-    return {f.name for f in dataclasses.fields(dpex.WorkerOptions)}
-
-
-def has_niceness_option() -> bool:
-    return "niceness" in worker_option_fields()
-
-
-def has_autoscale() -> bool:
-    import dpex
-
-    return hasattr(dpex, "Autoscale") and "autoscale" in worker_option_fields()
-
-
-def can_lower_niceness() -> bool:
-    """Whether this user may lower a process's niceness (root, or RLIMIT_NICE allows)."""
-    code = ("import os; os.setpriority(os.PRIO_PROCESS, 0, 10); "
-            "os.setpriority(os.PRIO_PROCESS, 0, 0)")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
-
-
 # ------------------------------------------------------------------ picklable helpers
 
 
@@ -192,21 +166,6 @@ class PinTo:
 
     def __call__(self, worker_id: int) -> None:
         os.sched_setaffinity(0, self.cores)
-
-
-class SetNiceness:
-    """``worker_init_fn``: every thread of the worker process at ``niceness`` (Linux's
-    niceness is per thread). Stands in for ``WorkerOptions(niceness=...)`` until dpex has it."""
-
-    def __init__(self, niceness: int) -> None:
-        self.niceness = niceness
-
-    def __call__(self, worker_id: int) -> None:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), self.niceness)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 # ------------------------------------------------------------------ the trainer (child)
@@ -324,13 +283,8 @@ def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     ensure_ray(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]
     node_of_core = {c: i for i, cores in enumerate(spec["node_cores"]) for c in cores}
-    trainer_nice = os.getpriority(os.PRIO_PROCESS, 0)
-    dpex_runs = {"feature": [("dpex nice=15", {"niceness": RAY_WORKER_NICENESS}, {}),
-                             ("dpex nice=trainer", {"niceness": "trainer"}, {})],
-                 "emulate": [("dpex nice=15", {}, {"worker_init_fn": SetNiceness(15)}),
-                             ("dpex nice=trainer", {},
-                              {"worker_init_fn": SetNiceness(trainer_nice)})],
-                 "ray-only": [("dpex nice=15", {}, {})]}[spec["niceness_mode"]]
+    dpex_runs = [("dpex nice=15", {"niceness": RAY_WORKER_NICENESS}),
+                 ("dpex nice=trainer", {"niceness": "trainer"})]
     for repeat in range(spec["repeats"]):
         builders = [
             (ElasticRecord("unequal", "torch@node0", repeat, workers, 1),
@@ -339,10 +293,9 @@ def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
              lambda: _torch_loader(dataset, workers,
                                    worker_init_fn=PinTo(spec["node_cores"][1]))),
         ]
-        for label, options, extra in dpex_runs:
+        for label, options in dpex_runs:
             builders.append((ElasticRecord("unequal", label, repeat, workers, 2),
-                             lambda o=options, e=extra: _dpex_loader(
-                                 dataset, workers, spec["address"], o, **e)))
+                             lambda o=options: _dpex_loader(dataset, workers, spec["address"], o)))
         interleave(builders if repeat % 2 == 0 else builders[::-1], spec["epochs"],
                    node_of_core, emit)
 
@@ -413,10 +366,9 @@ def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     # being scaled) when it runs; "needed" is each loader's own.
     n = spec["calibration_batches"]
     services = {"torch": calibrate(lambda: _torch_loader(dataset, 1), n)}
-    if spec["autoscale"]:
-        ensure_ray(None)  # the embedded Ray, started before any clock
-        services["dpex"] = calibrate(lambda: _dpex_loader(dataset, 1, None, {}), n)
-    steps = [services.get("dpex", services["torch"]) / LOAD * m for m in PHASES]
+    ensure_ray(None)  # the embedded Ray, started before any clock
+    services["dpex"] = calibrate(lambda: _dpex_loader(dataset, 1, None, {}), n)
+    steps = [services["dpex"] / LOAD * m for m in PHASES]
     workers = spec["workers"]
     names = list(services)
     for repeat in range(spec["repeats"]):
@@ -525,17 +477,6 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None]
     return records, notes
 
 
-def niceness_mode() -> tuple[str, str | None]:
-    """How the unequal workload sets its workers' niceness, and a note when not as dpex will."""
-    if has_niceness_option():
-        return "feature", None
-    if can_lower_niceness():
-        return "emulate", ("unequal: WorkerOptions(niceness=...) is not in this dpex; the "
-                           "workers' niceness is set by a worker_init_fn instead (emulated)")
-    return "ray-only", ("unequal: WorkerOptions(niceness=...) is not in this dpex and this user "
-                        "may not lower a process's niceness: only dpex at Ray's niceness ran")
-
-
 def run_unequal(config: ElasticConfig, log: Callable[[str], None]
                 ) -> tuple[list[ElasticRecord], list[str]]:
     from dpex.bench.nodes import BusyLoop, NodeCluster, plain_env, why_not
@@ -544,20 +485,18 @@ def run_unequal(config: ElasticConfig, log: Callable[[str], None]
     reason = why_not(2, cpn)
     if reason:
         return [], [f"unequal: {reason}"]
-    mode, note = niceness_mode()
-    notes = [note] if note else []
     with NodeCluster(2, cpn) as cluster, BusyLoop(cluster.node_cores[1]) as busy:
         spec = {"address": cluster.address, "node_cores": cluster.node_cores,
                 "workers": config.workers_for("unequal"), "epochs": config.epochs,
-                "repeats": config.repeats, "niceness_mode": mode,
+                "repeats": config.repeats,
                 "items": ITEMS_PER_CORE[config.size] * 2 * cpn,
                 "data_dir": str(config.data_dir) if config.data_dir else None}
         log(f"  unequal: 2 nodes at {cluster.address}, cores {cluster.node_cores}; a busy "
-            f"process on each of node 1's cores; niceness: {mode}")
+            f"process on each of node 1's cores")
         records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
                              log, timeout_s=4 * 3600)
         _note_cluster(records, cluster, busy)
-    return records, notes
+    return records, []
 
 
 def _note_cluster(records: list[ElasticRecord], cluster, busy=None) -> None:
@@ -573,10 +512,6 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
     from dpex.bench.nodes import plain_env
 
     notes = []
-    auto = has_autoscale()
-    if not auto:
-        notes.append("dpex on autoscale: needs elastic workers (dpex.Autoscale and "
-                     "WorkerOptions(autoscale=...) are not in this dpex); torch's reference ran")
     workers = config.workers_for("autoscale")
     from dpex.bench.nodes import usable_cores
 
@@ -586,7 +521,7 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
                      f"this machine gives {len(usable_cores())} cores: its stalls measure the "
                      "machine, not the autoscaler")
     spec = {"workers": workers, "max_processes": workers, "repeats": config.repeats,
-            "phase_s": PHASE_S[config.size], "autoscale": auto,
+            "phase_s": PHASE_S[config.size],
             "calibration_batches": CALIBRATION_BATCHES[config.size],
             "data_dir": str(config.data_dir) if config.data_dir else None}
     log(f"  autoscale: {len(PHASES)} phases of {spec['phase_s']:.0f}s, {workers} workers, "
