@@ -169,15 +169,7 @@ def _assert_everything_stopped(records: list[dict]) -> None:
     for temp_dir in {r["extra"]["ray_temp_dir"] for r in records}:
         assert not os.path.exists(temp_dir)
         assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _alive(int(pid))
-                    and temp_dir + os.sep in _cmdline(int(pid))]  # no Ray process of it left
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+                    and temp_dir + os.sep in nodes.cmdline(int(pid))]  # no Ray process of it left
 
 
 needs_cores = pytest.mark.skipif(nodes.why_not(2, 1) is not None,

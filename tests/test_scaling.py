@@ -94,3 +94,11 @@ def test_policy_stops_adding_processes_that_do_not_help():
                           capacity=8)
     assert again is None or again.processes < first.processes
     assert policy.ceiling == 1
+
+
+def test_policy_with_a_wait_longer_than_its_window_scales_up_to_what_helps():
+    # The first window can include a wait that began before it (workers starting).
+    policy = AutoscalePolicy(Autoscale(min_processes=1, max_processes=4), num_workers=4)
+    decision = policy.decide(Window(2.0, 2.7, 3, (1.5,)), current=1, capacity=4)
+    assert decision.processes == 4
+    assert "more batches" in decision.reason and "inf" not in decision.reason

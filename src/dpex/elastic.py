@@ -161,10 +161,10 @@ class ElasticControl:
             self._retire(old, prefer=new)
             return True
         if any(p.samples == 0 for p in empty) and len(empty) < len(procs):
-            return bool(self._rebalance(min_gain=1.0))
+            return bool(self._rebalance(min_gain=1.0, why="onto new processes"))
         return False
 
-    def _rebalance(self, min_gain: float) -> int:
+    def _rebalance(self, min_gain: float, why: str = "toward faster processes") -> int:
         procs = [p for p in self._live() if p.ready_ref is None]
         hosted = [[s.worker_id for s in self._it._hosted(p)] for p in procs]
         movable = {s.worker_id for s in self._it._slots if self._it._movable(s)}
@@ -172,11 +172,11 @@ class ElasticControl:
         for worker_id, src, dst in moves:
             self._it._move(self._it._slots[worker_id], procs[dst])
         if moves:
-            speeds = ", ".join(f"process {p.serial}: {p.speed():.1f}/s" for p in procs)
+            speeds = ", ".join(f"process {p.serial}: "
+                               + (f"{p.speed():.1f}/s" if p.speed() > 0 else "new") for p in procs)
             count = len(self._live())
             self._it._stats.record_scaling(
-                count, count, f"moved workers {sorted(w for w, _, _ in moves)} toward faster "
-                              f"processes ({speeds})")
+                count, count, f"moved workers {sorted(w for w, _, _ in moves)} {why} ({speeds})")
         return len(moves)
 
     def _follow_new_nodes(self) -> None:

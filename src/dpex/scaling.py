@@ -128,7 +128,8 @@ class AutoscalePolicy:
         cluster can host now (its free CPUs plus the ones this loader already uses)."""
         if window.batches == 0 or window.elapsed_s <= 0:
             return None
-        stall = window.wait_s / window.elapsed_s
+        wait_s = min(window.wait_s, window.elapsed_s)  # a wait may have begun before the window
+        stall = wait_s / window.elapsed_s
         rate = window.batches / window.elapsed_s
         self._learn_from_last_step(current, rate, stall)
         known = [s for s in window.speeds if s > 0]
@@ -136,8 +137,10 @@ class AutoscalePolicy:
             return None
         typical = sorted(known)[len(known) // 2]
         speeds = [s if s > 0 else typical for s in window.speeds]
-        compute_s = max(window.elapsed_s - window.wait_s, 1e-9) / window.batches
-        demand = 1.0 / compute_s  # batches/s the loop would take if it never waited
+        compute_s = (window.elapsed_s - wait_s) / window.batches
+        # Batches/s the loop would take if it never waited (unknown when it only waited).
+        demand = 1.0 / compute_s if compute_s > 0 else math.inf
+        wanted = f"{demand:.1f} batches/s" if compute_s > 0 else "more batches"
 
         def supply(count: int) -> float:
             procs = sorted(speeds, reverse=True)[:count] + [typical] * max(0, count - len(speeds))
@@ -153,7 +156,7 @@ class AutoscalePolicy:
                 self._last_up = (current, rate)
                 return Decision(target, f"training loop waited {stall:.0%} of the last "
                                         f"{window.elapsed_s:.1f}s; {current} -> {target} "
-                                        f"processes to supply {demand:.1f} batches/s")
+                                        f"processes to supply {wanted}")
         if stall < self.options.stall_down and current > self.min_processes:
             needed = demand * (1 + self.options.down_margin)
             fewer = [c for c in range(self.min_processes, current) if supply(c) >= needed]
@@ -161,7 +164,7 @@ class AutoscalePolicy:
                 target = fewer[0]
                 return Decision(target, f"training loop waited {stall:.0%}; {target} "
                                         f"processes still supply {supply(target):.1f} of the "
-                                        f"{demand:.1f} batches/s it takes")
+                                        f"{wanted} it takes")
         return None
 
     def _learn_from_last_step(self, current: int, rate: float, stall: float) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpex.bench.elastic import PHASES, ElasticRecord
-from dpex.bench.report import Target
+from dpex.bench.report import Target, save_figure
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -360,7 +360,7 @@ def plot_scaleout(rows: list[ScaleRow], path: Path, title: str = "") -> Path:
     right.legend(fontsize=8)
     for ax in (left, right):
         ax.grid(axis="y", alpha=0.3)
-    return _save(fig, plt, path, title)
+    return save_figure(fig, plt, path, title)
 
 
 def plot_unequal(rows: list[UnequalRow], path: Path, title: str = "") -> Path:
@@ -376,7 +376,7 @@ def plot_unequal(rows: list[UnequalRow], path: Path, title: str = "") -> Path:
     ax.set_title("batches/s, node 1 shared with a busy process (median over repeats)",
                  fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, plt, path, title)
+    return save_figure(fig, plt, path, title)
 
 
 def stall_over_time(rec: ElasticRecord, window_s: float) -> list[tuple[float, float]]:
@@ -426,17 +426,7 @@ def plot_autoscale(records: list[ElasticRecord], path: Path, title: str = "") ->
     bottom.set_title("share of the loop's time spent waiting for data (per window)", fontsize=10)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    return _save(fig, plt, path, title)
-
-
-def _save(fig, plt, path: Path, title: str) -> Path:
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, plt, path, title)
 
 
 # ------------------------------------------------------------------ all of it

@@ -202,7 +202,7 @@ class NodeCluster:
             state, pgid = _state_and_group(int(entry))
             if state in ("Z", "X", ""):
                 continue
-            if pgid in groups or (self.temp_dir and self.temp_dir + os.sep in _cmdline(int(entry))):
+            if pgid in groups or (self.temp_dir and self.temp_dir + os.sep in cmdline(int(entry))):
                 pids.append(int(entry))
         return pids
 
@@ -211,7 +211,7 @@ class NodeCluster:
         return [pid for pid in self.member_pids() if _comm(pid) == "raylet"]
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")

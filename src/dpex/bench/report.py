@@ -251,6 +251,11 @@ def plot(rows: list[Row], path: Path, title: str = "") -> Path:
         ax.grid(axis="y", alpha=0.3)
     axes.flat[0].axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     axes.flat[0].legend(fontsize=8)
+    return save_figure(fig, plt, path, title)
+
+
+def save_figure(fig, plt, path: Path, title: str) -> Path:
+    """Title, lay out, write and close a benchmark figure."""
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
