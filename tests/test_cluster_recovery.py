@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import ray
 import torch
+from ray.exceptions import GetTimeoutError, RayActorError
 
 import dpex
 from conftest import free_port, worker_job_config
@@ -99,7 +100,7 @@ def test_workers_restricted_to_a_resource_or_label(cluster):
 def test_killed_workers_are_replaced_and_the_epoch_is_identical(cluster, how):
     def fault(workers):
         if how == "ray_kill_one":
-            ray.kill(workers[0].actor)
+            _ray_kill(workers[0])
         elif how == "sigkill_one":
             _sigkill(workers[1])
         else:
@@ -178,6 +179,24 @@ def live_workers(iterator) -> list[LiveWorker]:
 
 def _sigkill(worker: LiveWorker) -> None:
     os.kill(worker.pid, signal.SIGKILL)
+
+
+def _ray_kill(worker: LiveWorker) -> None:
+    """``ray.kill`` only asks Ray to kill the actor and returns: on a loaded machine the
+    worker could finish its last tasks (and a fast epoch end) before it dies. Return once
+    the actor no longer answers, so the fault lands where the test puts it."""
+    ray.kill(worker.actor)
+    assert wait_until(lambda: not _answers(worker.actor)), "ray.kill did not end the actor"
+
+
+def _answers(actor) -> bool:
+    try:
+        ray.get(actor.ready.remote(), timeout=10)
+    except RayActorError:
+        return False
+    except GetTimeoutError:  # busy, not dead
+        pass
+    return True
 
 
 def remove_node(cluster, node, workers: list[LiveWorker]) -> None:
