@@ -12,7 +12,8 @@ run; this process starts and stops the clusters around it.
   workers on the first K nodes, for each K in ``--nodes`` (the custom resource
   ``dpex_bench_upto_K``). Batches/s over the steady epochs; the ratio dpex(K) / torch is taken
   within a repeat. Target: K nodes >= 0.925 K x torch on one (2 nodes: 1.85x; the limit is K).
-* ``unequal``: 2 such nodes; node 1's cores also run a busy process each (``while True:
+* ``unequal``: 2 such nodes (nodes 0 and 1 of scaleout's cluster: one cluster serves both,
+  started once); node 1's cores also run a busy process each (``while True:
   pass``, normal priority). Per repeat: torch on node 0 alone; the same torch loader with its
   workers pinned to node 1's cores (``worker_init_fn``: what node 1 can give under that load);
   dpex over both nodes with its workers at Ray's worker niceness (15) and at the trainer's
@@ -27,7 +28,6 @@ run; this process starts and stops the clusters around it.
   alternates per repeat). Per phase: time to a steady process count, processes used against
   those needed (ceil(service / step)), the stall fraction after that, and the process count
   over time (``loader.stats()``: ``processes``, ``process_timeline``, ``scaling_events``).
-  Without elastic workers in this dpex, only torch runs and a note says so.
 
 In every workload a repeat builds each loader and runs its warm-up epoch, one after the
 other (the order reversed on odd repeats), then the steady epochs in turns, one epoch of each
@@ -127,9 +127,6 @@ class ElasticConfig:
 
     def workers_for(self, workload: str) -> int:
         return self.workers or DEFAULT_WORKERS[workload]
-
-
-# ------------------------------------------------------------------ what this dpex can do
 
 
 # ------------------------------------------------------------------ picklable helpers
@@ -278,13 +275,15 @@ def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
 
 
 def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
+    from dpex.bench.nodes import upto_resource
     from dpex.cluster import ensure_ray
 
     ensure_ray(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]
     node_of_core = {c: i for i, cores in enumerate(spec["node_cores"]) for c in cores}
-    dpex_runs = [("dpex nice=15", {"niceness": RAY_WORKER_NICENESS}),
-                 ("dpex nice=trainer", {"niceness": "trainer"})]
+    on_two = {"resources": {upto_resource(2): 0.001}}  # nodes 0 and 1 of a larger cluster
+    dpex_runs = [("dpex nice=15", {"niceness": RAY_WORKER_NICENESS, **on_two}),
+                 ("dpex nice=trainer", {"niceness": "trainer", **on_two})]
     for repeat in range(spec["repeats"]):
         builders = [
             (ElasticRecord("unequal", "torch@node0", repeat, workers, 1),
@@ -450,49 +449,62 @@ def _child_command(workload: str, spec: dict) -> list[str]:
             "--spec", json.dumps(spec)]
 
 
-def run_scaleout(config: ElasticConfig, log: Callable[[str], None]
-                 ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.bench.nodes import NodeCluster, plain_env, why_not
+def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[int, list[int], list[str]]:
+    """What the pinned workloads need: how many nodes (0: none), the node counts scaleout
+    compares, and notes on what does not fit this machine. scaleout and unequal share one
+    cluster (nodes 0 and 1 are unequal's), so it starts and stops once."""
+    from dpex.bench.nodes import why_not
 
     cpn = config.cores_per_node
-    counts = sorted({k for k in config.nodes if why_not(k, cpn) is None})
-    notes = [f"scaleout on {k} node(s): {why_not(k, cpn)}" for k in sorted(set(config.nodes))
-             if k not in counts]
-    if not counts:
-        return [], notes
+    counts, notes = [], []
+    if "scaleout" in workloads:
+        counts = sorted({k for k in config.nodes if why_not(k, cpn) is None})
+        notes += [f"scaleout on {k} node(s): {why_not(k, cpn)}" for k in sorted(set(config.nodes))
+                  if k not in counts]
+    need = max(counts, default=0)
+    if "unequal" in workloads:
+        reason = why_not(2, cpn)
+        if reason:
+            notes.append(f"unequal: {reason}")
+        else:
+            need = max(need, 2)
+    return need, counts, notes
+
+
+def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, counts: list[int]
+                 ) -> tuple[list[ElasticRecord], list[str]]:
+    from dpex.bench.nodes import plain_env
+
+    notes = []
     workers = config.workers_for("scaleout")
-    if workers < max(counts) * cpn:
-        notes.append(f"scaleout: {workers} workers for {max(counts) * cpn} cores: at most "
+    cores = max(counts) * config.cores_per_node
+    if workers < cores:
+        notes.append(f"scaleout: {workers} workers for {cores} cores: at most "
                      f"{workers} cores can work at once (pass --workers)")
-    with NodeCluster(max(counts), cpn, upto=counts) as cluster:
-        spec = {"address": cluster.address, "node_cores": cluster.node_cores, "nodes": counts,
-                "workers": workers, "epochs": config.epochs, "repeats": config.repeats,
-                "items": ITEMS_PER_CORE[config.size] * max(counts) * cpn,
-                "data_dir": str(config.data_dir) if config.data_dir else None}
-        log(f"  scaleout: {len(cluster.node_cores)} node(s) at {cluster.address}, cores "
-            f"{cluster.node_cores}; the trainer on node 0")
-        records = _run_child(cluster.pinned(0, _child_command("scaleout", spec)), plain_env(),
-                             log, timeout_s=4 * 3600)
-        _note_cluster(records, cluster)
+    spec = {"address": cluster.address, "node_cores": cluster.node_cores, "nodes": counts,
+            "workers": workers, "epochs": config.epochs, "repeats": config.repeats,
+            "items": ITEMS_PER_CORE[config.size] * cores,
+            "data_dir": str(config.data_dir) if config.data_dir else None}
+    log(f"  scaleout: {len(cluster.node_cores)} node(s) at {cluster.address}, cores "
+        f"{cluster.node_cores}; the trainer on node 0; dpex on the first {counts} node(s)")
+    records = _run_child(cluster.pinned(0, _child_command("scaleout", spec)), plain_env(),
+                         log, timeout_s=4 * 3600)
+    _note_cluster(records, cluster)
     return records, notes
 
 
-def run_unequal(config: ElasticConfig, log: Callable[[str], None]
+def run_unequal(config: ElasticConfig, log: Callable[[str], None], cluster
                 ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.bench.nodes import BusyLoop, NodeCluster, plain_env, why_not
+    from dpex.bench.nodes import BusyLoop, plain_env
 
-    cpn = config.cores_per_node
-    reason = why_not(2, cpn)
-    if reason:
-        return [], [f"unequal: {reason}"]
-    with NodeCluster(2, cpn) as cluster, BusyLoop(cluster.node_cores[1]) as busy:
-        spec = {"address": cluster.address, "node_cores": cluster.node_cores,
+    with BusyLoop(cluster.node_cores[1]) as busy:
+        spec = {"address": cluster.address, "node_cores": cluster.node_cores[:2],
                 "workers": config.workers_for("unequal"), "epochs": config.epochs,
                 "repeats": config.repeats,
-                "items": ITEMS_PER_CORE[config.size] * 2 * cpn,
+                "items": ITEMS_PER_CORE[config.size] * 2 * config.cores_per_node,
                 "data_dir": str(config.data_dir) if config.data_dir else None}
-        log(f"  unequal: 2 nodes at {cluster.address}, cores {cluster.node_cores}; a busy "
-            f"process on each of node 1's cores")
+        log(f"  unequal: nodes 0 and 1 at {cluster.address}, cores {cluster.node_cores[:2]}; "
+            f"a busy process on each of node 1's cores")
         records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
                              log, timeout_s=4 * 3600)
         _note_cluster(records, cluster, busy)
@@ -509,12 +521,10 @@ def _note_cluster(records: list[ElasticRecord], cluster, busy=None) -> None:
 
 def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
                   ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.bench.nodes import plain_env
+    from dpex.bench.nodes import plain_env, usable_cores
 
     notes = []
     workers = config.workers_for("autoscale")
-    from dpex.bench.nodes import usable_cores
-
     most = math.ceil(LOAD / min(PHASES) - 1e-9)
     if most > len(usable_cores()):
         notes.append(f"autoscale: the fastest phase needs about {most} worker processes and "
@@ -529,24 +539,45 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
     return _run_child(_child_command("autoscale", spec), plain_env(), log, 4 * 3600), notes
 
 
-RUNNERS = {"scaleout": run_scaleout, "unequal": run_unequal, "autoscale": run_autoscale}
-
-
 def run_elastic(workloads: list[str], config: ElasticConfig,
                 log: Callable[[str], None] = print) -> tuple[list[ElasticRecord], list[str]]:
-    """Run the selected elastic workloads; their records, and notes on what was skipped."""
+    """Run the selected elastic workloads; their records, and notes on what was skipped.
+    The pinned ones share one cluster, stopped before autoscale (on the embedded Ray) runs."""
+    from dpex.bench.nodes import NodeCluster
     from dpex.bench.workloads import default_data_dir, jpeg_files
 
     jpeg_files(Path(config.data_dir or default_data_dir()), count=256, width=500, height=375)
-    records, notes = [], []
-    for name in workloads:
+    need, counts, notes = pinned_nodes(workloads, config)
+    records: list[ElasticRecord] = []
+
+    def attempt(name: str, run: Callable[[], tuple[list[ElasticRecord], list[str]]]) -> None:
         try:
-            recs, more = RUNNERS[name](config, log)
+            recs, more = run()
         except Exception as exc:  # a cluster that would not start must not sink the suite
             traceback.print_exc()
             recs, more = [], [f"{name}: failed: {type(exc).__name__}: {exc}"]
-        records += recs
-        notes += more
+        records.extend(recs)
+        notes.extend(more)
+
+    cluster = None
+
+    def started():
+        nonlocal cluster
+        if cluster is None:  # unequal's loaders ask for dpex_bench_upto_2: nodes 0 and 1
+            cluster = NodeCluster(need, config.cores_per_node,
+                                  upto=sorted(set(counts) | {2})).start()  # stops itself if it fails
+        return cluster
+
+    try:
+        if "scaleout" in workloads and counts:  # else a note says why
+            attempt("scaleout", lambda: run_scaleout(config, log, started(), counts))
+        if "unequal" in workloads and need >= 2:
+            attempt("unequal", lambda: run_unequal(config, log, started()))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    if "autoscale" in workloads:
+        attempt("autoscale", lambda: run_autoscale(config, log))
     return records, notes
 
 
