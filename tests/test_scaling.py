@@ -41,6 +41,20 @@ def test_plan_moves_fills_a_new_process_of_unknown_speed():
     assert len(moves) == 2 and all((src, dst) == (0, 1) for _, src, dst in moves)
 
 
+def test_plan_moves_balances_nodes_by_their_summed_speed():
+    """Two processes per node, one worker each; node b's share a busy core. Per process the
+    gain looks too small (each process on node a would host two workers at half its speed),
+    but node a's two processes share one CPU that they do not fill: 3 workers there pay."""
+    speeds, hosted = [7.0, 7.0, 3.0, 3.0], [[0], [1], [2], [3]]
+    assert plan_moves(speeds, hosted, {0, 1, 2, 3}, min_gain=1.3) == []
+    assert plan_moves(speeds, hosted, {0, 1, 2, 3}, min_gain=1.3,
+                      nodes=["a", "a", "b", "b"]) == [(3, 3, 0)]
+    # After the move node a is busy (its speeds fall) and node b's last process has the
+    # busy core's share to itself: nothing moves back.
+    assert plan_moves([4.5, 4.5, 4.5, 3.0], [[0, 3], [1], [2], []], {0, 1, 2, 3},
+                      min_gain=1.3, nodes=["a", "a", "b", "b"]) == []
+
+
 def test_processes_for_defaults_to_torchs_layout():
     assert processes_for(4, None) == 4
     assert processes_for(4, 2) == 2

@@ -29,6 +29,8 @@ What decides (this module, on the training thread, at most once per window)
   * Rebalancing (``rebalance=True``, default): when the loop waited more than 5% of the
     window, ``scaling.plan_moves`` moves workers from slow processes to fast ones if the
     predicted throughput rises by 30% or more (the margin keeps noise from moving them).
+    It balances nodes first, by their summed process speeds (a node's processes share its
+    CPUs), then the processes of each node.
     A process left with no workers keeps its last measured speed, drifting back toward the
     others' so it is tried again later (a busy node may have become free).
   * New nodes (fixed process count): when the loop waits and a node joined that placement
@@ -168,7 +170,8 @@ class ElasticControl:
         procs = [p for p in self._live() if p.ready_ref is None]
         hosted = [[s.worker_id for s in self._it._hosted(p)] for p in procs]
         movable = {s.worker_id for s in self._it._slots if self._it._movable(s)}
-        moves = plan_moves([p.speed() for p in procs], hosted, movable, min_gain)
+        moves = plan_moves([p.speed() for p in procs], hosted, movable, min_gain,
+                           nodes=[p.node_id for p in procs])
         for worker_id, src, dst in moves:
             self._it._move(self._it._slots[worker_id], procs[dst])
         if moves:

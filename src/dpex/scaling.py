@@ -9,6 +9,8 @@ slowest logical worker sets the pace. Two questions follow, both answered here:
 * ``allocate``: given the processes' speeds, how many logical workers each should host.
   The D'Hondt (highest averages) rule maximises that minimum; the same rule places
   processes on nodes in proportion to their CPUs.
+  Processes on one node share its CPUs, so ``plan_moves`` applies the rule to nodes first
+  (a node's speed: the sum of its processes'), then to the processes of each node.
 * ``AutoscalePolicy``: given what the training loop waited over a window, how many
   processes the loader should have. It scales on the trainer's own batch time, as Cachew
   (USENIX ATC'22) does, not on queue depth: the trainer's compute time per batch is the
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def allocate(seats: int, weights: Sequence[float]) -> list[int]:
@@ -178,12 +181,21 @@ class AutoscalePolicy:
 
 
 def plan_moves(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
-               movable: set[int], min_gain: float) -> list[tuple[int, int, int]]:
+               movable: set[int], min_gain: float,
+               nodes: Sequence[Any] | None = None) -> list[tuple[int, int, int]]:
     """Moves ``(worker_id, from_process, to_process)`` that bring the logical workers'
     layout closer to ``allocate`` over the processes' ``speeds``, or none when the predicted
     throughput would not rise by the factor ``min_gain``. Only ``movable`` workers move (an
     IterableDataset replica that cannot seek stays where it is); unknown speeds (0) count as
     the median of the known ones.
+
+    ``nodes`` names each process's node (None: each process on a node of its own). The
+    processes of one node share its CPUs: together they give the sum of their speeds however
+    its workers are spread over them (a process that waits for its next task leaves the CPU
+    to the others), so a process that hosts two workers on a busy node is not half as fast
+    as the model of separate processes says. Workers are first balanced across nodes, by
+    each node's capacity (the summed speeds of its processes that host workers); only when
+    no move across nodes pays, within each node, by process speed.
 
     >>> plan_moves([1.0, 0.1], [[0, 2], [1, 3]], {0, 1, 2, 3}, min_gain=1.2)
     [(3, 1, 0), (1, 1, 0)]
@@ -193,6 +205,35 @@ def plan_moves(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
         return []
     typical = median(known)
     speeds = [s if s > 0 else typical for s in speeds]
+    groups: dict[Any, list[int]] = {}  # node -> its processes, in the order they come
+    for proc, node in enumerate(nodes if nodes is not None else range(len(speeds))):
+        groups.setdefault(node, []).append(proc)
+    members = list(groups.values())
+    capacity = [sum(speeds[p] for p in procs if hosted[p]) or max(speeds[p] for p in procs)
+                for procs in members]
+    across = _moves_toward_allocation(
+        capacity, [[w for p in procs for w in hosted[p]] for procs in members], movable, min_gain)
+    if across:
+        counts = [len(h) for h in hosted]
+        moves = []
+        for worker, src_node, dst_node in across:
+            src = next(p for p in members[src_node] if worker in hosted[p])
+            dst = min(members[dst_node], key=lambda p: ((counts[p] + 1) / speeds[p], p))
+            counts[src] -= 1
+            counts[dst] += 1
+            moves.append((worker, src, dst))
+        return moves
+    within = []
+    for procs in members:
+        local = _moves_toward_allocation([speeds[p] for p in procs], [hosted[p] for p in procs],
+                                         movable, min_gain)
+        within += [(worker, procs[src], procs[dst]) for worker, src, dst in local]
+    return within
+
+
+def _moves_toward_allocation(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
+                             movable: set[int], min_gain: float) -> list[tuple[int, int, int]]:
+    """``plan_moves`` over units (processes, or nodes) of known ``speeds``."""
     counts = [len(h) for h in hosted]
     target = allocate(sum(counts), speeds)
     moves = []
