@@ -204,13 +204,6 @@ def run_interleaved(loaders: list[str], workload: Workload, workers: int, epochs
         live.clear()
         built = None
         gc.collect()
-        if "dpex-ray" in loaders:
-            # A dpex-ray loader gives its processes to dpex's warm pool, where they would
-            # stay (idle_timeout_s, 2 min): the wait below would always run out, and the
-            # next run would start on this run's warm processes, with them in its baseline.
-            import dpex
-
-            dpex.shutdown_pool()
         wait_for_workers_to_exit()
     return records
 
@@ -249,7 +242,13 @@ def _run_steady_epochs(live: list[tuple[RunRecord, Callable[[], Iterable[Any]], 
 def wait_for_workers_to_exit(timeout_s: float = 20.0) -> None:
     """Block until no loader worker of this process is left (killed Ray actors linger a
     moment), so the next run's memory baseline and CPU are its own."""
+    import dpex
     from dpex.bench.memwatch import loader_pids
+
+    # A dpex loader gives its processes to dpex's warm pool, where they would stay
+    # (idle_timeout_s, 2 min): the wait would always run out, and the next run would start
+    # on this run's warm processes, with them in its baseline.
+    dpex.shutdown_pool()
 
     deadline = time.monotonic() + timeout_s
     while loader_pids(os.getpid()) and time.monotonic() < deadline:
