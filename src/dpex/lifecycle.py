@@ -99,8 +99,8 @@ class ProcessLifecycle:
         self._proc_serial += 1
         # Named, so `ray list actors` shows which loader started it.
         name = f"dpex-{self._id}-process{self._proc_serial}"
-        proc = ProcessHandle(POOL.acquire(_remote_worker_class(), self._options, node_id, name),
-                        node_id, self._proc_serial)
+        actor = POOL.acquire(_remote_worker_class(), self._options, node_id, name)
+        proc = ProcessHandle(actor, node_id, self._proc_serial)
         if watch:
             proc.ready_ref = proc.actor.ready.remote()
             proc.start_deadline = time.monotonic() + self._options.start_timeout_s

@@ -202,8 +202,8 @@ class NodePicker:
 
         The node with the most CPUs per process (after adding this one) wins; ties go to the
         node with fewer processes (spread), then to the first in a stable order, so equal
-        nodes fill round-robin. Nodes in ``avoid`` are
-        skipped unless nothing else is eligible.
+        nodes fill round-robin. Nodes in ``avoid`` are skipped unless nothing else is
+        eligible.
         """
         if not self.options.spread:
             return None
