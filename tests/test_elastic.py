@@ -91,7 +91,8 @@ def test_moves_mid_epoch_keep_torchs_batches(name, persistent):
     if name == "iterable_without_state_dict":
         assert moves == 0  # a replica that cannot seek stays where it is
     else:
-        assert moves >= 6
+        # A move waits for the worker's call to drain; cheap tasks go 8 to a call.
+        assert moves >= 3
 
 
 class SleepyAugmented(AugmentedDataset):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dpex
+from dpex.dispatch import MAX_TASKS_PER_CALL
 from dpex.pool import POOL
 from helpers import (
     FailingDataset,
@@ -93,10 +94,18 @@ def test_worker_info_seed_and_worker_init_fn_once_per_worker():
     assert set(same.tolist()) == {1}
 
 
-def test_prefetch_is_bounded_by_prefetch_factor_times_workers():
-    data = loader(RangeDataset(60), batch_size=2, prefetch_factor=3)
-    assert len(list(data)) == 30
+def test_prefetch_is_torchs_bound_for_batches_that_take_time():
+    # 5 ms or more per batch: one task per call, prefetch_factor * num_workers in flight.
+    data = loader(SlowDataset(24, delay=0.005), batch_size=2, prefetch_factor=3)
+    assert len(list(data)) == 12
     assert data.stats().max_in_flight == 6
+
+
+def test_cheap_batches_go_several_to_a_call_within_a_bound():
+    data = loader(RangeDataset(400), batch_size=2, prefetch_factor=3)
+    expected = torch.utils.data.DataLoader(RangeDataset(400), batch_size=2)
+    assert_batches_equal(list(expected), list(data))
+    assert 6 < data.stats().max_in_flight <= 6 * MAX_TASKS_PER_CALL
 
 
 def test_pin_memory_without_accelerator_warns_like_torch_and_yields_the_batches():

@@ -1,5 +1,5 @@
-"""Pure tests: the wire format round-trips every dtype and structure, and large tensors
-travel as arrays (what Ray stores zero-copy)."""
+"""Pure tests: the wire format round-trips every dtype and structure, and plain tensors
+travel as arrays (what Ray stores zero-copy when large, and unpickles cheaply when small)."""
 
 from collections import namedtuple
 
@@ -24,11 +24,25 @@ def test_large_tensors_round_trip_as_arrays(dtype):
     assert torch.equal(back["p"].a, big[:2])
 
 
-def test_small_and_special_tensors_stay_tensors():
-    small = torch.ones(3)
+@pytest.mark.parametrize("shape", [(3,), (), (0, 4), (2, 3, 5)])
+def test_small_tensors_come_back_as_tensors_of_their_own(shape):
+    small = torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
+    wire = to_wire(small)
+    assert isinstance(wire, _WireTensor)
+    # What Ray hands back for an inline reply: a read-only view of the reply's buffer.
+    wire.data.flags.writeable = False
+    back = from_wire(wire)
+    assert torch.equal(back, small) and back.shape == small.shape
+    back.add_(1)  # the trainer's copy is writable and shares nothing with the reply
+    assert not np.shares_memory(back.numpy(), wire.data)
+
+
+def test_special_tensors_stay_tensors():
     needs_grad = torch.ones(ZERO_COPY_MIN_BYTES, requires_grad=True)
-    wire = to_wire([small, needs_grad])
-    assert wire[0] is small and wire[1] is needs_grad
+    param = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+    conj = torch.ones(3, dtype=torch.complex64).conj()
+    wire = to_wire([needs_grad, param, conj])
+    assert wire[0] is needs_grad and wire[1] is param and wire[2] is conj
 
 
 def test_non_contiguous_tensor_round_trips():

@@ -8,6 +8,7 @@ import torch
 import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from dpex.transport import from_wire
 from dpex.worker import DATA, Worker, WorkerConfig
 
 
@@ -34,11 +35,16 @@ class SeesWorkerInfo(Dataset):
 
 
 def fetch(collate_fn):
+    """The batch of samples 0-2 as worker 1 collates it (before the wire format), checked
+    against what travels to the trainer."""
     config = WorkerConfig(num_workers=2, base_seed=5, is_iterable=False, auto_collation=True,
                           collate_fn=collate_fn, drop_last=False, worker_init_fn=None)
-    result = Worker(SeesWorkerInfo(), config, worker_id=1).fetch([(0, [0, 1, 2])])[0]
+    worker = Worker(SeesWorkerInfo(), config, worker_id=1)
+    result = worker.fetch([(0, [0, 1, 2])])[0]
     assert result.kind == DATA, result.payload
-    return result.payload
+    batch = worker.collate_fn([worker.dataset[i] for i in (0, 1, 2)])
+    assert torch.equal(from_wire(result.payload), batch)
+    return batch
 
 
 def test_default_collate_builds_the_batch_in_ordinary_memory():
@@ -57,4 +63,4 @@ def test_a_custom_collate_fn_still_sees_the_worker_info():
         seen.append(get_worker_info().id)
         return default_collate(samples)
 
-    assert fetch(collate).is_shared() and seen == [1]
+    assert fetch(collate).is_shared() and seen == [1, 1]  # the fetch, then the check

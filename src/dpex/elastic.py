@@ -81,7 +81,10 @@ class ElasticControl:
         self._policy = AutoscalePolicy(autoscale, num_workers) if autoscale else None
         self._window_s = autoscale.window_s if autoscale else _WINDOW_S
         self._start_count = start_count
-        self._last: tuple[float, float, int] | None = None  # (time, wait_s, batches)
+        # (time, stall_s, batches): the loop's data stalls, not its time in next() (which
+        # includes the loader's own cost per batch, and would read as a stall that more
+        # processes cannot cure).
+        self._last: tuple[float, float, int] | None = None
         self._swap: tuple[ProcessHandle, ProcessHandle] | None = None  # (new, old) for a new node
         self._filling = False  # processes were added: move workers onto them once up
 
@@ -104,16 +107,16 @@ class ElasticControl:
         if self._filling and self._fill_new_processes():  # as soon as they answer
             return
         if self._last is None:
-            self._last = (now, stats.wait_s, stats.batches)
+            self._last = (now, stats.stall_s, stats.batches)
             return
         started, wait0, batches0 = self._last
         if now - started < self._window_s:
             return
-        self._last = (now, stats.wait_s, stats.batches)
+        self._last = (now, stats.stall_s, stats.batches)
         procs = self._live()
         if not procs:
             return
-        window = Window(now - started, stats.wait_s - wait0, stats.batches - batches0,
+        window = Window(now - started, stats.stall_s - wait0, stats.batches - batches0,
                         tuple(p.speed() for p in procs))
         self._drift_idle_speeds(procs)
         if self._policy is not None:

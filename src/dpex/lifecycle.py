@@ -64,11 +64,14 @@ class WorkerSlot:
         self.worker_id = worker_id
         self.process: ProcessHandle | None = None
         self.moving_to: ProcessHandle | None = None  # set while it drains before a move
-        self.pending: deque[tuple[int, Any]] = deque()  # tasks held back while moving
+        # Assigned, not yet submitted: until a call's worth is pending (dispatch.py), or
+        # while the worker moves.
+        self.pending: deque[tuple[int, Any]] = deque()
         self.ready_ref = None  # set while its replica is being made (begin)
         self.start_deadline = 0.0
         self.active = True  # False once its IterableDataset replica is exhausted this epoch
         self.num_tasks = 0  # tasks dispatched and not yet handed out (torch's bookkeeping)
+        self.handed_out = 0  # its batches handed out this epoch
         self.in_flight: dict[int, Any] = {}  # task id -> index, in submission order
         self.position = WorkerPosition()  # after the last received result
         self.epoch_start = WorkerPosition()  # position when this epoch began
@@ -256,10 +259,13 @@ class ProcessLifecycle:
             self._drop_process(source, reuse=True)
 
     def _flush_pending(self, slot: WorkerSlot) -> None:
-        while slot.pending:
-            task_id, index = slot.pending.popleft()
-            slot.in_flight[task_id] = index
-            self._submit(slot, [(task_id, index)])
+        """Submit the tasks pending for ``slot``, in order, in one call."""
+        if not slot.pending:
+            return
+        tasks = list(slot.pending)
+        slot.pending.clear()
+        slot.in_flight.update(tasks)
+        self._submit(slot, tasks)
 
     def _hosted(self, proc: ProcessHandle) -> list[WorkerSlot]:
         return [s for s in self._slots if s.process is proc or s.moving_to is proc]

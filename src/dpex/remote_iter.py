@@ -20,8 +20,10 @@ What is in flight where
   worker ``t mod num_workers`` (skipping workers whose IterableDataset replica is exhausted),
   which is exactly torch's assignment, so each worker sees the same tasks in the same order as
   the torch worker of the same id, and draws the same random numbers. A task lives in:
-    1. ``slot.in_flight`` (submitted, result not received) -- at most
-       ``prefetch_factor * num_workers`` tasks over all slots;
+    0. ``slot.pending`` (assigned, not yet submitted: tasks go to a worker several to a
+       call when they are cheap; dispatch.py, its NOTE, which also gives the read-ahead
+       bound: ``prefetch_factor * num_workers`` tasks when each call carries one);
+    1. ``slot.in_flight`` (submitted, result not received);
     2. ``self._results`` (received, not yet handed out: only when results come back out of
        order);
     3. the training loop (handed out). Nothing is kept after that.
@@ -72,6 +74,7 @@ from ray.exceptions import (
 
 from dpex import transport, user_code
 from dpex.cluster import owns_ray_session
+from dpex.dispatch import Dispatch
 from dpex.elastic import ElasticControl
 from dpex.lifecycle import ProcessLifecycle, ProcessHandle, WorkerSlot, live_iterators
 from dpex.placement import NodePicker, WorkerOptions
@@ -86,7 +89,7 @@ if TYPE_CHECKING:
 # How long one wait on Ray may block before the iterator checks on starting workers.
 _WAIT_SLICE_S = 1.0
 
-class _RayDataLoaderIter(ProcessLifecycle):
+class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
     """Iterates once over a ``dpex.DataLoader``, as specified by its sampler. See the NOTE."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -94,6 +97,7 @@ class _RayDataLoaderIter(ProcessLifecycle):
         self._is_iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
         self._auto_collation = loader.batch_sampler is not None
         self._index_sampler = loader.batch_sampler if self._auto_collation else loader.sampler
+        self._sampler_len = self._read_ahead_length(self._index_sampler, self._is_iterable)
         self._num_workers = loader.num_workers
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
@@ -171,6 +175,8 @@ class _RayDataLoaderIter(ProcessLifecycle):
         self._rcvd_idx = skip  # next task id to hand out (in order)
         self._task_worker: dict[int, int] = {}  # task id -> worker id, until handed out
         self._results: dict[int, TaskResult] = {}
+        # How many tasks torch's iterator would have dispatched by now (dispatch.py's NOTE).
+        self._torch_dispatched = skip + self._prefetch_factor * self._num_workers
         self._arrivals: deque[int] = deque()  # received task ids, in arrival order
         self._calls: dict[Any, tuple[WorkerSlot, list[int]]] = {}  # ref -> slot, task ids
         self._task_ref: dict[int, Any] = {}
@@ -183,23 +189,26 @@ class _RayDataLoaderIter(ProcessLifecycle):
         for slot in self._slots:
             slot.active = True
             slot.num_tasks = 0
+            slot.handed_out = 0
             slot.replay_log = []
             slot.epoch_start = slot.position
             if not first_iter:
                 # torch's _ResumeIteration: each replica restarts its iterator. The actor runs
                 # this before the tasks submitted below (actor calls run in order).
                 slot.actor.reset_epoch.remote(slot.worker_id)
-        for _ in range(self._prefetch_factor * self._num_workers):
-            self._try_put_index()
+        self._fill()
 
     def _drain(self) -> None:
         """Wait out the tasks of an epoch the user broke out of (torch waits likewise).
 
-        The workers run them anyway; collecting them keeps each slot's RNG state exact.
+        The workers run them anyway; collecting them keeps each slot's RNG state exact, and
+        a worker that ran further ahead than torch's would have is rewound (dispatch.py).
         """
         self._sampler_iter = iter(())  # a replica's END must not dispatch more of that epoch
+        self._submit_for(None)  # torch's workers would run what dpex still holds back
         while self._calls:
             self._collect(next(iter(self._calls)), timeout=None)
+        self._rewind_read_ahead()
 
     def __iter__(self) -> _RayDataLoaderIter:
         return self
@@ -209,15 +218,18 @@ class _RayDataLoaderIter(ProcessLifecycle):
 
     def __next__(self) -> Any:
         started = time.perf_counter()
+        self._stalled = 0.0
         result, worker_id = self._next_result()
         waited = time.perf_counter() - started
         slot = self._slots[worker_id]
-        self._stats.record_batch(waited, slot.worker_id, slot.node_id)
+        self._stats.record_batch(waited, slot.worker_id, slot.node_id, stalled_s=self._stalled)
         self._record.deliver(worker_id, result.rng_state, result.dataset_state)
         self._num_yielded += 1
         self._warn_if_past_reported_length()
         slot.num_tasks -= 1
-        self._try_put_index()
+        slot.handed_out += 1
+        self._torch_dispatched += 1  # torch dispatches one task per batch handed out
+        self._fill()
         self._stats.set_in_flight(self._tasks_outstanding)
         self._elastic.tick()
         if result.kind == ERROR:
@@ -250,6 +262,7 @@ class _RayDataLoaderIter(ProcessLifecycle):
                 if self._arrivals and self._arrivals[0] == self._rcvd_idx:
                     self._arrivals.popleft()
                 return self._hand_out(self._rcvd_idx)
+            self._submit_for(self._rcvd_idx if self._in_order else None)
             target = self._task_ref.get(self._rcvd_idx) if self._in_order else None
             self._receive(target)
 
@@ -264,8 +277,12 @@ class _RayDataLoaderIter(ProcessLifecycle):
 
         The wait is sliced so that starting workers are watched; ``timeout`` counts from the
         moment no worker is starting (a Ray actor takes seconds to start; a torch worker
-        process does not, and torch's timeout is meant for a slow batch).
+        process does not, and torch's timeout is meant for a slow batch). The time spent
+        waiting for a reply that was not there yet adds to ``self._stalled`` (a data stall,
+        what autoscaling reads); receiving a reply that was there does not.
         """
+        if target is not None and self._collect(target, timeout=0):
+            return  # it was there: no stall
         deadline = None
         while True:
             starting = {s.ready_ref: s for s in self._slots if s.ready_ref is not None}
@@ -275,13 +292,11 @@ class _RayDataLoaderIter(ProcessLifecycle):
             slice_s = _WAIT_SLICE_S
             if deadline is not None:
                 slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
-            if target is not None and not starting:
-                # The common case: one Ray call per result.
-                if self._collect(target, timeout=slice_s):
-                    return
-            else:
-                refs = [target] if target is not None else list(self._calls)
-                ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=slice_s)
+            refs = [target] if target is not None else list(self._calls)
+            waiting = time.perf_counter()
+            ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=slice_s)
+            self._stalled += time.perf_counter() - waiting
+            if ready:
                 for ref in ready:
                     if ref in starting:
                         if starting[ref].ready_ref is ref:  # not re-begun by a recovery
@@ -324,48 +339,14 @@ class _RayDataLoaderIter(ProcessLifecycle):
                 # torch's _IterableDatasetStopIteration: the replica is done for this epoch.
                 slot.active = False
                 self._task_worker.pop(result.task_id, None)
-                self._try_put_index()
+                self._torch_dispatched += 1  # torch, too, dispatches one more on this news
+                self._fill()
             else:
                 self._results[result.task_id] = result
                 self._arrivals.append(result.task_id)
         if slot.moving_to is not None and not slot.in_flight:
             self._finish_move(slot)
         return True
-
-    # ----------------------------------------------------------------- dispatch
-
-    def _try_put_index(self) -> None:
-        """Send the next index batch to the next worker, exactly as torch assigns it."""
-        max_tasks = self._prefetch_factor * self._num_workers
-        if self._tasks_outstanding >= max_tasks:
-            return
-        try:
-            index = next(self._sampler_iter)
-        except StopIteration:
-            return
-        num_active = sum(s.active for s in self._slots)
-        for _ in range(self._num_workers):
-            slot = self._slots[next(self._worker_cycle)]
-            if slot.active and (self._in_order or slot.num_tasks < max_tasks // num_active):
-                break
-        else:
-            return
-        task_id = self._send_idx
-        self._send_idx += 1
-        self._task_worker[task_id] = slot.worker_id
-        slot.num_tasks += 1
-        self._tasks_outstanding += 1
-        if slot.moving_to is not None:  # it runs on its new process once it got there
-            slot.pending.append((task_id, index))
-        else:
-            slot.in_flight[task_id] = index
-            self._submit(slot, [(task_id, index)])
-
-    def _submit(self, slot: WorkerSlot, tasks: list[tuple[int, Any]]) -> None:
-        ref = slot.actor.fetch.remote(tasks, slot.worker_id)
-        self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
-        for task_id, _ in tasks:
-            self._task_ref[task_id] = ref
 
     def __del__(self) -> None:
         try:

@@ -27,7 +27,11 @@ class StatsSnapshot:
 
     Attributes:
         batches: batches handed to the training loop.
-        wait_s: seconds the training loop spent blocked in ``next(loader)`` waiting for data.
+        wait_s: seconds the training loop spent in ``next(loader)``: waiting for data, plus
+            the loader's own work on the trainer (receiving, bookkeeping).
+        stall_s: of which seconds it waited for a batch that was not there yet (a data
+            stall: the workers were behind). Distributed mode; torch's mode counts all of
+            ``wait_s``, which it cannot split. This is what autoscaling reads.
         elapsed_s: seconds since the first batch was asked for.
         epoch_batches: batches handed out in the current (or last) epoch.
         epoch_wait_s: wait time in the current (or last) epoch.
@@ -58,6 +62,7 @@ class StatsSnapshot:
     scaling_events: tuple[ScalingEvent, ...] = ()
     moves: int = 0
     niceness_denied: bool = False
+    stall_s: float = 0.0
 
     @property
     def batches_per_s(self) -> float:
@@ -68,11 +73,16 @@ class StatsSnapshot:
         """Share of the elapsed time the training loop spent waiting for data."""
         return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def stall_fraction(self) -> float:
+        """Share of the elapsed time the loop waited for a batch that was not ready."""
+        return self.stall_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
     def summary(self) -> str:
         return (
             f"{self.batches} batches, {self.batches_per_s:.1f} batches/s, "
             f"waited {self.wait_s:.2f}s for data ({100 * self.wait_fraction:.0f}% of "
-            f"{self.elapsed_s:.2f}s), in flight {self.in_flight} (max {self.max_in_flight})"
+            f"{self.elapsed_s:.2f}s; {self.stall_s:.2f}s of it stalled), in flight {self.in_flight} (max {self.max_in_flight})"
             + (f", {self.worker_restarts} worker restarts" if self.worker_restarts else "")
             + (f", {self.processes} processes" if self.processes else "")
             + (f", {self.moves} worker moves" if self.moves else "")
@@ -98,6 +108,7 @@ class LoaderStats:
     scaling_events: list = field(default_factory=list)
     moves: int = 0
     niceness_denied: bool = False
+    stall_s: float = 0.0
 
     def start_epoch(self) -> None:
         if self.started_at is None:
@@ -106,11 +117,13 @@ class LoaderStats:
         self.epoch_wait_s = 0.0
 
     def record_batch(self, waited_s: float, worker_id: int | None = None,
-                     node_id: str | None = None) -> None:
+                     node_id: str | None = None, stalled_s: float | None = None) -> None:
+        """``stalled_s``: of ``waited_s``, the time the batch was not there (None: all)."""
         self.batches += 1
         self.epoch_batches += 1
         self.wait_s += waited_s
         self.epoch_wait_s += waited_s
+        self.stall_s += waited_s if stalled_s is None else stalled_s
         if worker_id is not None:
             self.per_worker[worker_id] += 1
         if node_id is not None:
@@ -149,4 +162,5 @@ class LoaderStats:
             scaling_events=tuple(self.scaling_events),
             moves=self.moves,
             niceness_denied=self.niceness_denied,
+            stall_s=self.stall_s,
         )

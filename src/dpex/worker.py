@@ -167,6 +167,18 @@ class Worker:
             # start (resume) and re-reads what its predecessor delivered, dropping it.
             self._fetch_one(replica, -1, index)
 
+    def rewind(self, worker_id: int, position: WorkerPosition) -> None:
+        """Put logical worker ``worker_id`` back to ``position`` (its RNG state, and an
+        IterableDataset's state): it ran tasks that torch's worker would not have run
+        (dispatch.py, the end of its NOTE)."""
+        replica = self._replicas.get(worker_id)
+        if replica is None or replica.init_error is not None:
+            return
+        self._activate(replica)
+        if position.rng is None:  # as freshly seeded
+            seed_worker(self.config.base_seed, worker_id)
+        restore_position(replica.dataset, position)
+
     def drop(self, worker_id: int) -> None:
         """Stop hosting ``worker_id`` (it moved to another process)."""
         replica = self._replicas.pop(worker_id, None)
