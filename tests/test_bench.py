@@ -9,10 +9,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from dpex.bench import report, startup
+from conftest import user_env
+from dpex.bench import coldstart, report, startup
 from dpex.bench.runners import LOADERS, EpochRecord, RunRecord
 from dpex.bench.startup import StartupRecord
 
@@ -126,13 +129,16 @@ def test_report_redoes_table_and_plot_from_saved_results(tmp_path, capsys):
 
     config = SuiteConfig(workloads=["tiny"], size="tiny", out=tmp_path / "run")
     write_results(config, [_record(name, 0, 1.0) for name in LOADERS], [],
-                  startup_records=[_startup("torch", 0, 1.0), _startup("dpex-ray", 0, 2.0)])
+                  startup_records=[_startup("torch", 0, 1.0), _startup("dpex-ray", 0, 2.0)],
+                  coldstart_records=[_coldstart("torch", 0, 2.0, 4.0),
+                                     _coldstart("dpex-ray", 0, 2.5, 5.0)])
     code = main(["bench", "--report", str(tmp_path / "run" / "results.json"),
                  "--out", str(tmp_path / "again"), "--plot", str(tmp_path / "p.png")])
     assert code == 0
     printed = capsys.readouterr().out
     assert printed.count("\n| tiny |") == len(LOADERS)
     assert "| warm: whole run (s) | 1.00 | 2.00 | 2.00 | +1.00 |" in printed
+    assert "| whole process (to its exit) | 4.00 (4.00 to 4.00) | 5.00" in printed
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
@@ -150,6 +156,51 @@ def test_startup_script_runs_both_loaders(tmp_path, capsys):
     records = json.loads((out / "results.json").read_text())["startup"]
     assert sorted(r["loader"] for r in records) == ["dpex-ray", "torch"]
     assert all(r["cold_first_s"] > 0 and r["warm_whole_s"] > 0 for r in records)
+
+
+def test_coldstart_script_runs_both_loaders(tmp_path):
+    # `python train.py` per loader from a cold interpreter, as a user's shell starts it (no
+    # RAY_ADDRESS: dpex starts its embedded Ray); the bench itself runs as a user runs it.
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH_DIR, "coldstart.py"), "--size", "tiny",
+         "--repeats", "1", "--out", str(out)],
+        env=user_env(), cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    printed = proc.stdout
+    labels = [f"| {label} |" for label in coldstart.LABELS.values()]
+    assert all(label in printed for label in labels), printed
+    assert "coldstart dpex-ray first batch" in printed and "whole process" in printed
+    records = json.loads((out / "results.json").read_text())["coldstart"]
+    assert sorted(r["loader"] for r in records) == ["dpex-ray", "torch"]
+    for rec in records:
+        assert rec["batches"] == coldstart.ITEMS["tiny"] // 64
+        assert 0 < rec["imports_s"] < rec["first_s"] < rec["trained_s"] < rec["process_s"]
+    assert "| first batch in the loop |" in (out / "results.md").read_text()
+
+
+def _coldstart(loader: str, repeat: int, first_s: float, process_s: float):
+    return coldstart.ColdstartRecord(loader, repeat, imports_s=1.0, first_s=first_s,
+                                     trained_s=first_s + 1, process_s=process_s, batches=32)
+
+
+def test_coldstart_summary_medians_differences_ratios_and_spread():
+    records = [_coldstart("torch", 0, 2.0, 4.0), _coldstart("dpex-ray", 0, 2.5, 5.0),
+               _coldstart("torch", 1, 3.0, 4.0), _coldstart("dpex-ray", 1, 5.0, 8.0),
+               _coldstart("torch", 2, 2.0, 5.0), _coldstart("dpex-ray", 2, 2.2, 6.0)]
+    rows = {r.metric: r for r in coldstart.summarise(records)}
+    first, whole = rows["first_s"].difference_s, rows["process_s"].ratio
+    assert (first.median, first.low, first.high) == pytest.approx((0.5, 0.2, 2.0))
+    assert (whole.median, whole.low, whole.high) == pytest.approx((1.25, 1.2, 2.0))
+    assert rows["first_s"].dpex_s.median == pytest.approx(2.5)
+    met = {t.text: t.met for t in coldstart.targets(list(rows.values()))}
+    assert met == {"first batch, ours - torch's (s), median": True,
+                   "first batch, ours - torch's (s), worst repeat": False,
+                   "whole process, ours / torch's, median": True,
+                   "whole process, ours / torch's, worst repeat": False}
+    table = coldstart.markdown_table(list(rows.values()), records)
+    assert "| first batch in the loop | 2.00 (2.00 to 3.00) | 2.50 (2.20 to 5.00) " \
+           "| +0.50 (+0.20 to +2.00) | 1.25 (1.10 to 1.67) |" in table
 
 
 def _startup(loader: str, repeat: int, scale: float) -> StartupRecord:

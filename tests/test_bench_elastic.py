@@ -93,6 +93,40 @@ def test_autoscale_phases_convergence_processes_and_stall():
     assert "2.0s 1→2 (stalled)" in table
 
 
+def _two_core_record(loader="dpex", repeat=0, down_at=13.0):
+    """The 2-core schedule: one worker needs 160 ms a batch; steps 100, 240, 100 ms need 2, 1
+    and 2 processes. dpex goes 1 -> 2 at 2.5 s, down to 1 at ``down_at``, up to 2 at 21 s."""
+    samples = []
+    for i in range(300):
+        t = round(i * 0.1, 4)
+        n = 8 if loader == "torch" else 1 if t < 2.5 or down_at <= t < 21 else 2
+        samples.append([t, 0.0, int(t // 10), n])
+    return ElasticRecord("autoscale", loader, repeat, 8, 1, [Epoch(30.0, 9600, 300)], extra={
+        "samples": samples, "steps": [0.1, 0.24, 0.1], "phase_s": 10.0, "service_s": 0.16,
+        "window_s": 2.0})
+
+
+def test_autoscale_needed_held_and_time_to_needed_with_their_targets():
+    phases = elastic_report.analyse_run(_two_core_record())
+    assert [(p.needed, p.held) for p in phases] == [(2, 2), (1, 1), (2, 2)]
+    assert [p.reach_s for p in phases] == pytest.approx([2.5, 3.0, 1.0])
+    torch_phases = elastic_report.analyse_run(_two_core_record("torch"))
+    assert [(p.held, p.reach_s) for p in torch_phases] == [(8, None)] * 3  # fixed workers
+    records = [_two_core_record(), _two_core_record(repeat=1, down_at=17.0),
+               _two_core_record("torch")]
+    rows = elastic_report.summarise_autoscale(records)
+    light = next(r for r in rows if r.loader == "dpex" and r.phase == 1)
+    assert (light.reach_s, light.reach_worst_s) == pytest.approx((5.0, 7.0))  # of 3 s and 7 s
+    assert light.held == 2  # the slow repeat still held 2 into the second half
+    met = {t.text.split(":")[0]: t.met for t in elastic_report.autoscale_targets(rows)}
+    assert met == {"phase 1 (light, needs 1)": False,  # 7 s > 3 windows of 2 s
+                   "phase 0 (needs 2)": True, "phase 1 (needs 1)": True,
+                   "phase 2 (needs 2)": True}
+    table = elastic_report.autoscale_table(rows, records)
+    assert "| 1 (×2.4) | 240 | 1 | dpex | " in table and "| 2 | 5.0 (max 7.0) |" in table
+    assert "| 1 (×2.4) | 240 | 1 | torch | 0.0 | 8.0 | 8 | never |" in table
+
+
 def test_plots_and_report_from_records(tmp_path):
     records = [_rec("scaleout", "torch", 0, 1.0), _rec("scaleout", "dpex", 0, 0.6, nodes=2),
                _rec("unequal", "torch@node0", 0, 1.0), _rec("unequal", "torch@node1", 0, 2.0),

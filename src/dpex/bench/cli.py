@@ -4,6 +4,7 @@ Example:
     dpex bench --size small --workers 2 --out bench-results
     dpex bench --workloads tiny,large --loaders torch,dpex-ray --address 10.0.0.1:6379
     dpex bench --workloads startup,ceiling --loaders torch,dpex-ray --repeats 5
+    dpex bench --workloads coldstart --loaders torch,dpex-ray --repeats 5
     dpex bench --report bench-results/results.json --plot docs/bench.png
     dpex bench --workloads scaleout,unequal,autoscale --nodes 1,2 --cores-per-node 1
 """
@@ -57,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", type=_names((*ALL_WORKLOADS, *ELASTIC_WORKLOADS)),
                         default=list(ALL_WORKLOADS),
                         help=f"comma-separated, from {','.join(ALL_WORKLOADS)} (default: all "
-                             "of these; startup compares torch and dpex-ray in fresh processes) "
+                             "of these; coldstart and startup compare torch and dpex-ray in "
+                             "fresh processes) "
                              f"and {','.join(ELASTIC_WORKLOADS)} (elastic workers: only when "
                              "named; scaleout and unequal start Ray nodes pinned to cores)")
     parser.add_argument("--loaders", type=_names(LOADERS), default=list(LOADERS),
@@ -101,13 +103,15 @@ def run(args: argparse.Namespace) -> int:
         cores_per_node=args.cores_per_node,
     )
     if args.report is not None:
-        saved, records, startup_records, elastic_records = load_results(args.report)
+        saved, records, startup_records, elastic_records, coldstart_records = load_results(
+            args.report)
         config.size = saved.get("size", config.size)
         config.epochs, config.repeats = saved.get("epochs"), saved.get("repeats")
         config.cores_per_node = saved.get("cores_per_node", config.cores_per_node)
         info = json.loads(args.report.read_text()).get("env")
         result = write_results(config, records, [], info=info, startup_records=startup_records,
-                               elastic_records=elastic_records)
+                               elastic_records=elastic_records,
+                               coldstart_records=coldstart_records)
     else:
         result = run_suite(config)
     for table in (*result.extra_tables, result.table):

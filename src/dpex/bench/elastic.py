@@ -21,13 +21,14 @@ run; this process starts and stops the clusters around it.
   node 1's capacity), and never below torch on node 0 alone; both ratios within a repeat.
 * ``autoscale``: one machine, embedded Ray. A training loop that sleeps a fixed step time per
   batch: the per-batch service time of one worker (measured first, a loader with 1 worker
-  and nothing else waiting: dpex's when it runs, else torch's) / 2.5, so about 3 processes
-  are needed; then the step halves, then doubles back (``PHASES``). dpex runs
-  with ``WorkerOptions(autoscale=Autoscale(min_processes=1, max_processes=N))`` and N logical
-  workers; torch's DataLoader with N fixed workers runs the same schedule (the order
-  alternates per repeat). Per phase: time to a steady process count, processes used against
-  those needed (ceil(service / step)), the stall fraction after that, and the process count
-  over time (``loader.stats()``: ``processes``, ``process_timeline``, ``scaling_events``).
+  and nothing else waiting: dpex's when it runs, else torch's) / 1.6, so 2 processes are
+  needed; then service x 1.5 (1 is enough), then back to 2 (``LOAD``, ``PHASES``: it fits 2
+  cores). dpex runs with ``WorkerOptions(autoscale=Autoscale(min_processes=1,
+  max_processes=N))`` and N logical workers; torch's DataLoader with N fixed workers runs the
+  same schedule (the order alternates per repeat). Per phase (``autoscale_report``): those
+  needed (ceil(service / step)), the count held, the time to reach the needed count, the
+  stall fraction, the count over time (``loader.stats()``: ``processes``,
+  ``process_timeline``, ``scaling_events``).
 
 In every workload a repeat builds each loader and runs its warm-up epoch, one after the
 other (the order reversed on odd repeats), then the steady epochs in turns, one epoch of each
@@ -62,8 +63,8 @@ ITEMS_PER_CORE = {"tiny": 32, "small": 320, "full": 960}
 # autoscale: seconds per phase, batches timed to measure one worker's service time
 PHASE_S = {"tiny": 2.0, "small": 20.0, "full": 60.0}
 CALIBRATION_BATCHES = {"tiny": 2, "small": 10, "full": 20}
-PHASES = (1.0, 0.5, 1.0)  # step time of each phase, times the first: halves, then doubles
-LOAD = 2.5  # processes needed in the first phase: service time / step time
+PHASES = (1.0, 2.4, 1.0)  # step time of each phase, times the first: service/1.6, x1.5, /1.6
+LOAD = 1.6  # processes needed in the first phase: service time / step time
 
 
 @dataclass
@@ -355,6 +356,7 @@ def run_schedule(rec: ElasticRecord, loader, steps: list[float], phase_s: float)
 
 
 def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
+    import dpex
     from dpex.bench.runners import wait_for_workers_to_exit
     from dpex.bench.workloads import JpegFolder
     from dpex.cluster import ensure_ray
@@ -369,19 +371,17 @@ def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     services["dpex"] = calibrate(lambda: _dpex_loader(dataset, 1, None, {}), n)
     steps = [services["dpex"] / LOAD * m for m in PHASES]
     workers = spec["workers"]
+    auto = dpex.Autoscale(min_processes=1, max_processes=spec["max_processes"])
     names = list(services)
     for repeat in range(spec["repeats"]):
         for name in (names if repeat % 2 == 0 else names[::-1]):
             rec = ElasticRecord("autoscale", name, repeat, workers, 1, extra={
                 "service_s": services[name], "services_s": services, "steps": steps,
-                "phase_s": spec["phase_s"]})
+                "phase_s": spec["phase_s"], "window_s": auto.window_s})
             try:
                 if name == "torch":
                     loader = _torch_loader(dataset, workers)
                 else:
-                    import dpex
-
-                    auto = dpex.Autoscale(min_processes=1, max_processes=spec["max_processes"])
                     loader = _dpex_loader(dataset, workers, None, {"autoscale": auto})
                 run_schedule(rec, loader, steps, spec["phase_s"])
             except Exception as exc:

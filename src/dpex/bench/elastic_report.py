@@ -2,21 +2,22 @@
 
 ``scaleout`` and ``unequal``: batches/s over the steady epochs of each run; a ratio is taken
 within a repeat (the loaders of a repeat ran interleaved), then the median over repeats.
-``autoscale``: per run and phase, the process count's last change (the time to a steady
-state), the processes used after it, those needed, and the stall fraction after it; medians
-over repeats.
+``autoscale``: per phase, the processes needed and held, the time to reach the needed
+count and the stall fraction (``autoscale_report``, whose names this module also gives).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpex.bench.elastic import PHASES, ElasticRecord
+from dpex.bench.autoscale_report import (AutoscaleRow, PhaseResult, analyse_run,  # noqa: F401
+                                         autoscale_table, autoscale_targets, plot_autoscale,
+                                         stall_over_time, summarise_autoscale)
+from dpex.bench.elastic import ElasticRecord
 from dpex.bench.report import Target, save_figure
 
 
@@ -205,130 +206,6 @@ def unequal_table(rows: list[UnequalRow]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ autoscale
-
-
-@dataclass
-class PhaseResult:
-    """One run's phase: what the process count did and what the loop waited."""
-
-    phase: int
-    step_s: float
-    needed: int  # ceil(service time / step time)
-    batches: int
-    converge_s: float | None  # phase start to the count's last change in it; None: no steady
-    processes: float | None  # the count after that (median of the samples)
-    mean_processes: float | None
-    stall: float | None  # waited / (waited + stepped) after the steady point
-
-
-def analyse_run(rec: ElasticRecord, min_steady_share: float = 0.25) -> list[PhaseResult]:
-    """Per phase of an autoscale run (see ``PhaseResult``). A phase whose count still changes
-    in its last ``min_steady_share`` has no steady state (``converge_s`` None)."""
-    samples = rec.extra.get("samples", [])
-    steps, phase_s = rec.extra.get("steps", []), rec.extra.get("phase_s", 0.0)
-    service = rec.extra.get("service_s", 0.0)
-    out = []
-    previous = samples[0][3] if samples else None
-    for p, step in enumerate(steps):
-        mine = [s for s in samples if s[2] == p]
-        start, end = p * phase_s, (p + 1) * phase_s
-        last_change = None
-        for s in mine:
-            if s[3] != previous:
-                last_change = s[0]
-            previous = s[3]
-        converge = 0.0 if last_change is None else last_change - start
-        steady_from = start + converge
-        if end - steady_from < min_steady_share * phase_s:
-            converge, after = None, []
-        else:
-            after = [s for s in mine if s[0] >= steady_from]
-        waited = sum(s[1] for s in after)
-        out.append(PhaseResult(
-            phase=p, step_s=step, needed=max(1, math.ceil(service / step - 1e-9)) if step else 0,
-            batches=len(mine), converge_s=converge,
-            processes=_median(s[3] for s in after),
-            mean_processes=statistics.fmean(s[3] for s in mine) if mine else None,
-            stall=waited / (waited + step * len(after)) if after else None))
-    return out
-
-
-@dataclass
-class AutoscaleRow:
-    loader: str
-    phase: int
-    step_ms: float
-    needed: int
-    repeats: int
-    converge_s: float | None
-    processes: float | None
-    mean_processes: float | None
-    stall: float | None
-    batches_per_s: float | None
-    unsteady: int  # runs without a steady state in this phase
-
-
-def summarise_autoscale(records: list[ElasticRecord]) -> list[AutoscaleRow]:
-    ok = [r for r in records if r.workload == "autoscale" and r.error is None
-          and r.extra.get("samples")]
-    groups: dict[tuple[str, int], list[tuple[ElasticRecord, PhaseResult]]] = defaultdict(list)
-    for r in ok:
-        for res in analyse_run(r):
-            groups[(r.loader, res.phase)].append((r, res))
-    rows = []
-    for (loader, phase), runs in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
-        results = [res for _, res in runs]
-        phase_s = runs[0][0].extra["phase_s"]
-        rows.append(AutoscaleRow(
-            loader, phase, 1e3 * _median(r.step_s for r in results), results[0].needed,
-            len(runs), _median(r.converge_s for r in results),
-            _median(r.processes for r in results), _median(r.mean_processes for r in results),
-            _median(r.stall for r in results),
-            _median(r.batches / phase_s for r in results),
-            sum(r.converge_s is None for r in results)))
-    return rows
-
-
-def autoscale_table(rows: list[AutoscaleRow], records: list[ElasticRecord] = ()) -> str:
-    if not rows:
-        return ""
-    services = defaultdict(list)
-    for r in records:
-        if r.workload == "autoscale" and r.extra.get("service_s"):
-            services[r.loader].append(r.extra["service_s"])
-    one = ", ".join(f"{name} {1e3 * _median(v):.0f}" for name, v in sorted(services.items()))
-    head = (f"| autoscale (one worker, ms per batch: {one or '–'}) phase | step (ms) | needed "
-            "| loader | time to steady (s) | processes, steady | mean processes "
-            "| stall after steady | batches/s |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        converge = _fmt(r.converge_s, ".1f") + (f" ({r.unsteady} not steady)" if r.unsteady else "")
-        lines.append(f"| {r.phase} (×{PHASES[r.phase] if r.phase < len(PHASES) else '?'}) "
-                     f"| {r.step_ms:.0f} | {r.needed} | {r.loader} | {converge} "
-                     f"| {_fmt(r.processes, '.1f')} | {_fmt(r.mean_processes, '.1f')} "
-                     f"| {_fmt(r.stall and 100 * r.stall, '.1f')}% "
-                     f"| {_fmt(r.batches_per_s, '.1f')} |")
-    firsts = defaultdict(list)
-    for rec in records:
-        if rec.workload == "autoscale" and "first_batch_s" in rec.extra:
-            firsts[rec.loader].append(rec.extra["first_batch_s"])
-    lines.append("")
-    lines.append("Times are from the first batch; before it (workers starting), median: "
-                 + ", ".join(f"{name} {_median(v):.1f}s" for name, v in sorted(firsts.items())))
-    for rec in records:
-        if rec.workload == "autoscale" and rec.loader != "torch" and rec.repeat == 0:
-            timeline = rec.extra.get("process_timeline") or []
-            events = rec.extra.get("scaling_events") or []
-            lines.append("")
-            lines.append(f"{rec.loader}, repeat 0: process count over time: "
-                         + (", ".join(f"{t:.1f}s→{n}" for t, n in timeline) or "–"))
-            lines.append("scaling events: " + ("; ".join(
-                f"{e['at_s']:.1f}s {e['from']}→{e['to']} ({e['reason']})" for e in events)
-                or "–"))
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------ plots
 
 
@@ -379,56 +256,6 @@ def plot_unequal(rows: list[UnequalRow], path: Path, title: str = "") -> Path:
     return save_figure(fig, plt, path, title)
 
 
-def stall_over_time(rec: ElasticRecord, window_s: float) -> list[tuple[float, float]]:
-    """(window middle, waited / (waited + stepped)) over consecutive windows of a run."""
-    steps = rec.extra["steps"]
-    bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for t, wait, phase, _ in rec.extra.get("samples", []):
-        acc = bins[int(t // window_s)]
-        acc[0] += wait
-        acc[1] += wait + steps[int(phase)]
-    return [((k + 0.5) * window_s, w / total) for k, (w, total) in sorted(bins.items()) if total]
-
-
-def plot_autoscale(records: list[ElasticRecord], path: Path, title: str = "") -> Path:
-    plt = _pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    runs = [r for r in records if r.workload == "autoscale" and r.error is None
-            and r.extra.get("samples")]
-    for rec in runs:
-        samples = rec.extra["samples"]
-        timeline = [list(p) for p in rec.extra.get("process_timeline") or []]
-        timeline = timeline or [[samples[0][0], samples[0][3]]]
-        timeline.append([samples[-1][0], samples[-1][3]])  # the count holds to the end
-        xs, ys = zip(*timeline)
-        label = f"{rec.loader} (repeat {rec.repeat})"
-        top.step(xs, ys, where="post", label=label)
-        window = max(0.5, rec.extra["phase_s"] / 20)
-        points = stall_over_time(rec, window)
-        if points:
-            bottom.plot(*zip(*points), label=label)
-    if runs:
-        ref = next((r for r in runs if r.loader != "torch"), runs[0])
-        phase_s, service = ref.extra["phase_s"], ref.extra["service_s"]
-        for p, step in enumerate(ref.extra["steps"]):
-            needed = math.ceil(service / step - 1e-9)
-            top.hlines(needed, p * phase_s, (p + 1) * phase_s, colors="black",
-                       linestyles="--", linewidth=0.8)
-            for ax in (top, bottom):
-                ax.axvline(p * phase_s, color="grey", linewidth=0.5)
-    top.set_ylabel("processes")
-    top.set_title(f"process count (dashed: needed by {ref.loader if runs else '–'} = "
-                  "service time / step time)", fontsize=10)
-    top.legend(fontsize=7)
-    bottom.set_ylabel("stall fraction")
-    bottom.set_ylim(0, 1)
-    bottom.set_xlabel("seconds since the first batch")
-    bottom.set_title("share of the loop's time spent waiting for data (per window)", fontsize=10)
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
-    return save_figure(fig, plt, path, title)
-
-
 # ------------------------------------------------------------------ all of it
 
 
@@ -460,6 +287,7 @@ def report(records: list[ElasticRecord], out: Path, title: str = "",
     if "autoscale" in workloads:
         rows = summarise_autoscale(records)
         tables.append(autoscale_table(rows, records))
+        targets += autoscale_targets(rows)
         if rows and plots:
             pngs.append(plot_autoscale(records, out / "autoscale.png", f"autoscale {title}"))
     for name in ("scaleout", "unequal", "autoscale"):

@@ -1,9 +1,9 @@
 """The suite: every selected loader on every selected workload, in alternating order.
 
 The elastic workloads (``scaleout``, ``unequal``, ``autoscale``: only when named) run first,
-then the ``startup`` workload, before this process starts any Ray: their trainers are fresh
-processes of their own (``elastic.py``, which also starts the pinned Ray nodes they need;
-``startup.py``). The others go through ``runners``:
+then the ``coldstart`` and ``startup`` workloads, before this process starts any Ray: their
+trainers are fresh processes of their own (``elastic.py``, which also starts the pinned Ray
+nodes they need; ``coldstart.py``; ``startup.py``). The others go through ``runners``:
 
 For each workload and worker count, repeat ``repeats`` times: build every loader afresh and
 run its warm-up epoch (epoch 0), one after the other; then run the steady-state epochs in
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpex.bench import elastic, env, report, runners, startup
+from dpex.bench import coldstart, elastic, env, report, runners, startup
 from dpex.bench.workloads import WORKLOADS, make_workload
 
-#: Every workload ``dpex bench`` knows: the loader workloads, then the start-up run.
-ALL_WORKLOADS = (*WORKLOADS, "startup")
+#: Every workload ``dpex bench`` knows: the loader workloads, then the start-up runs.
+ALL_WORKLOADS = (*WORKLOADS, "coldstart", "startup")
 
 # size -> (epochs, repeats) by default
 DEFAULTS = {"tiny": (2, 1), "small": (3, 2), "full": (3, 3)}
@@ -65,10 +65,11 @@ class SuiteResult:
     json_path: Path
     skipped: list[str]
     startup_rows: list[startup.StartupRow] = field(default_factory=list)
-    extra_tables: list[str] = field(default_factory=list)  # the startup and ceiling views
+    extra_tables: list[str] = field(default_factory=list)  # coldstart, startup, ceiling
     extra_plots: list[Path] = field(default_factory=list)  # the elastic workloads' PNGs
     elastic_records: list[elastic.ElasticRecord] = field(default_factory=list)
     elastic_errors: list[str] = field(default_factory=list)
+    coldstart_rows: list[coldstart.ColdstartRow] = field(default_factory=list)
 
 
 def ray_data_available() -> bool:
@@ -97,6 +98,17 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
             nodes=config.nodes, cores_per_node=config.cores_per_node,
             data_dir=config.data_dir), log)
         skipped += notes
+    coldstart_records: list[coldstart.ColdstartRecord] = []
+    if "coldstart" in workloads:
+        workloads.remove("coldstart")
+        pair = tuple(name for name in coldstart.LOADERS if name in loaders)
+        if config.address is not None:
+            skipped.append("coldstart (it measures the embedded Ray's start; not with "
+                           "--address)")
+        elif pair:
+            coldstart_records = coldstart.run_coldstart(config.size, repeats, pair, log)
+        else:
+            skipped.append("coldstart (it compares torch and dpex-ray; neither was selected)")
     startup_records: list[startup.StartupRecord] = []
     if "startup" in workloads:
         workloads.remove("startup")
@@ -124,7 +136,7 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
                     records.append(rec)
                     log(_progress(rec))
     return write_results(config, records, skipped, startup_records=startup_records,
-                         elastic_records=elastic_records)
+                         elastic_records=elastic_records, coldstart_records=coldstart_records)
 
 
 def _progress(rec: runners.RunRecord) -> str:
@@ -137,30 +149,39 @@ def _progress(rec: runners.RunRecord) -> str:
 
 
 def load_results(path: Path) -> tuple[dict, list[runners.RunRecord],
-                                      list[startup.StartupRecord], list[elastic.ElasticRecord]]:
-    """The config, records, startup and elastic records of an earlier run's ``results.json``."""
+                                      list[startup.StartupRecord], list[elastic.ElasticRecord],
+                                      list[coldstart.ColdstartRecord]]:
+    """The config, records, startup, elastic and coldstart records of an earlier run's
+    ``results.json``."""
     data = json.loads(Path(path).read_text())
     return (data.get("config", {}), [runners.RunRecord.from_json(r) for r in data["records"]],
             startup.records_from_json(data.get("startup", [])),
-            [elastic.ElasticRecord.from_json(r) for r in data.get("elastic", [])])
+            [elastic.ElasticRecord.from_json(r) for r in data.get("elastic", [])],
+            coldstart.records_from_json(data.get("coldstart", [])))
 
 
 def write_results(config: SuiteConfig, records: list[runners.RunRecord],
                   skipped: list[str], info: dict[str, str] | None = None,
                   startup_records: list[startup.StartupRecord] | None = None,
-                  elastic_records: list[elastic.ElasticRecord] | None = None) -> SuiteResult:
+                  elastic_records: list[elastic.ElasticRecord] | None = None,
+                  coldstart_records: list[coldstart.ColdstartRecord] | None = None
+                  ) -> SuiteResult:
     """Summarise ``records``; write results.json, results.md and the plots."""
     from dpex.bench import elastic_report
 
     startup_records = startup_records or []
     elastic_records = elastic_records or []
+    coldstart_records = coldstart_records or []
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = report.summarise(records)
     startup_rows = startup.summarise(startup_records)
-    checks = startup.targets(startup_rows) + report.targets(rows)
+    coldstart_rows = coldstart.summarise(coldstart_records)
+    checks = (coldstart.targets(coldstart_rows) + startup.targets(startup_rows)
+              + report.targets(rows))
     table = report.markdown_table(rows) if rows else ""
     extra_tables = [t for t in (
+        coldstart.markdown_table(coldstart_rows, coldstart_records) if coldstart_rows else "",
         startup.markdown_table(startup_rows, config.workers[0]) if startup_rows else "",
         report.ceiling_table(rows)) if t]
     info = info or env.describe()
@@ -188,6 +209,7 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
         "records": [r.to_json() for r in records],
         "startup": [r.to_json() for r in startup_records],
         "elastic": [r.to_json() for r in elastic_records],
+        "coldstart": [r.to_json() for r in coldstart_records],
     }, indent=1))
     versions = ", ".join(f"{k} {v}" for k, v in info.items() if k != "machine")
     body = [f"Machine: {info['machine']}", f"Versions: {versions}",
@@ -201,10 +223,11 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
     (out / "results.md").write_text("\n".join(body) + "\n")
     plot_path = None
     try:
-        if rows:  # the plot shows the loader workloads; startup alone has its table only
+        if rows:  # the plot shows the loader workloads; coldstart, startup: their tables only
             plot_path = report.plot(rows, Path(config.plot or out / "bench.png"),
                                     title=f"dpex bench --size {config.size} ({info['machine']})")
     except ImportError as exc:
         skipped.append(f"plot ({exc})")
     return SuiteResult(records, rows, checks, table, plot_path, json_path, skipped,
-                       startup_rows, extra_tables, extra_plots, elastic_records, elastic_errors)
+                       startup_rows, extra_tables, extra_plots, elastic_records, elastic_errors,
+                       coldstart_rows)
