@@ -149,6 +149,31 @@ def test_autoscaling_follows_the_training_loop_and_keeps_torchs_batches():
     assert max(c for _, c in dl.stats().process_timeline) <= 4
 
 
+def test_autoscaling_gives_processes_back_when_the_loop_waits_only_for_the_loaders_own_work():
+    # The loop steps 10 ms; a batch takes 2 ms of sleeping: one process is plenty. What the
+    # loop spends in next() receiving batches is the loader's own cost, not a data stall:
+    # counted as one (issue 19), it kept the count at its peak.
+    dataset = SleepyAugmented(4000, delay=0.0005)
+    options = dpex.WorkerOptions(autoscale=dpex.Autoscale(min_processes=1, window_s=0.5))
+    dl = loader(True, dataset, options, batch_size=4, num_workers=2)
+    it = iter(dl)
+    next(it)
+    it._elastic._scale(1, 2, "test: up")
+    ray.get([p.ready_ref for p in it._procs if p.ready_ref is not None])
+    up_at = time.monotonic()
+    down_at = None
+    for _batch in it:
+        time.sleep(0.01)
+        if down_at is None and dl.stats().processes == 1:
+            down_at = time.monotonic()
+        if time.monotonic() - up_at > 6:
+            break
+    stats = dl.stats()
+    assert down_at is not None, stats.scaling_events
+    assert down_at - up_at < 4 * 0.5 + 1.5, stats.scaling_events  # three windows, and a move
+    assert stats.stall_s < stats.wait_s
+
+
 class Niceness(Dataset):
     def __len__(self) -> int:
         return 4

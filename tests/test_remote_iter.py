@@ -135,6 +135,7 @@ def test_stats_count_batches_per_worker_and_node():
     assert stats.batches == 10 and stats.per_worker == {0: 5, 1: 5}
     assert sum(stats.per_node.values()) == 10
     assert stats.wait_s >= 0 and "10 batches" in stats.summary()
+    assert 0 <= stats.stall_s <= stats.wait_s
 
 
 def test_no_actor_leaks_after_epoch_break_or_delete():
