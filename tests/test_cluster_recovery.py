@@ -56,7 +56,9 @@ def cluster():
 def run(mode, dataset=None, epochs=1, fault=None, fault_after=3, options=None, **kwargs):
     """Iterate ``epochs`` epochs; call ``fault(workers)`` after ``fault_after`` batches of
     the last, with the running iterator's workers (see ``live_workers``)."""
-    dataset = dataset if dataset is not None else AugmentedDataset(60)
+    # 60 batches: cheap ones go 8 to a call (dispatch.py), so after ``fault_after`` batches
+    # most of the epoch is still owed, much of it in calls of several tasks.
+    dataset = dataset if dataset is not None else AugmentedDataset(240)
     kwargs.setdefault("num_workers", 3)
     kwargs.setdefault("batch_size", 4)
     if not isinstance(dataset, torch.utils.data.IterableDataset):
@@ -117,7 +119,8 @@ def test_iterable_dataset_and_persistent_workers_recover_identically(cluster):
     def fault(workers):
         _sigkill(workers[0])
 
-    for dataset, kwargs in ((ShardedIterable(50), {}), (AugmentedDataset(40), {"persistent_workers": True})):
+    for dataset, kwargs in ((ShardedIterable(240), {}),
+                            (AugmentedDataset(240), {"persistent_workers": True})):
         expected, _ = run(False, dataset, epochs=2, **kwargs)
         batches, loader = run(True, dataset, epochs=2, fault=fault, **kwargs)
         assert_batches_equal(expected, batches)
