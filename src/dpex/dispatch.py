@@ -18,8 +18,9 @@ What changes, and what does not
     pending for that worker, in one call (``slot.in_flight``). ``tasks_per_call`` decides
     the size of a call from the process's measured time per task: one while it is unknown
     or when a task takes 5 ms or more (a call then costs under a tenth of its work), up
-    to 8 for the cheapest tasks. A pending task the loop is about to wait for is
-    submitted at once, so nothing waits for a call to fill.
+    to 8 for the cheapest tasks; a worker's first calls of an epoch carry 1, 2, 4, ...
+    tasks, so the epoch's first batch does not wait for a full call. A pending task the
+    loop is about to wait for is submitted at once, so nothing waits for a call to fill.
   * The read-ahead. torch keeps ``prefetch_factor * num_workers`` tasks outstanding. dpex
     keeps ``prefetch_factor`` calls' worth per worker: ``prefetch_factor * tasks_per_call``
     tasks, which is torch's bound when calls carry one task (5 ms tasks and up) and at
@@ -69,7 +70,10 @@ class Dispatch:
     """The dispatch half of ``_RayDataLoaderIter`` (which sets the attributes used here)."""
 
     def _call_size(self, slot: WorkerSlot) -> int:
-        return tasks_per_call(slot.process.busy_s if slot.process is not None else None)
+        """``tasks_per_call``, ramped up over the epoch's first calls of the worker (1, 2,
+        4, ...), so that an epoch's first batch does not wait for a full call."""
+        busy_s = slot.process.busy_s if slot.process is not None else None
+        return min(tasks_per_call(busy_s), 1 << min(slot.epoch_calls, 8))
 
     @staticmethod
     def _read_ahead_length(index_sampler: Any, is_iterable: bool) -> float:
@@ -139,6 +143,7 @@ class Dispatch:
                 self._submit_pending(slot)
 
     def _submit(self, slot: WorkerSlot, tasks: list[tuple[int, Any]]) -> None:
+        slot.epoch_calls += 1
         ref = slot.actor.fetch.remote(tasks, slot.worker_id)
         self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
         for task_id, _ in tasks:

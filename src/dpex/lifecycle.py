@@ -72,6 +72,7 @@ class WorkerSlot:
         self.active = True  # False once its IterableDataset replica is exhausted this epoch
         self.num_tasks = 0  # tasks dispatched and not yet handed out (torch's bookkeeping)
         self.handed_out = 0  # its batches handed out this epoch
+        self.epoch_calls = 0  # calls submitted to it this epoch (dispatch.py ramps up)
         self.in_flight: dict[int, Any] = {}  # task id -> index, in submission order
         self.position = WorkerPosition()  # after the last received result
         self.epoch_start = WorkerPosition()  # position when this epoch began

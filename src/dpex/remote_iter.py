@@ -190,6 +190,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
             slot.active = True
             slot.num_tasks = 0
             slot.handed_out = 0
+            slot.epoch_calls = 0
             slot.replay_log = []
             slot.epoch_start = slot.position
             if not first_iter:

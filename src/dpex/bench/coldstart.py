@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dpex.bench.startup import alternating, torch_dpex_pairs
+
 LOADERS = ("torch", "dpex-ray")  # dpex-ray: dpex.DataLoader(distribute_mode=True)
 METRICS = ("imports_s", "first_s", "trained_s", "process_s")
 LABELS = {
@@ -102,14 +104,13 @@ def run_coldstart(size: str, repeats: int, loaders: tuple[str, ...] = LOADERS,
                   log: Callable[[str], None] = print) -> list[ColdstartRecord]:
     """``repeats`` runs of the script per loader, alternating (reversed every other repeat)."""
     records = []
-    for repeat in range(repeats):
-        for loader in (loaders if repeat % 2 == 0 else loaders[::-1]):
-            rec = run_script(loader, repeat, ITEMS[size])
-            records.append(rec)
-            ray = f", Ray {rec.ray}" if rec.ray else ""
-            log(f"  coldstart {loader:8} repeat {repeat}: first batch at {rec.first_s:.2f}s "
-                f"(imports done {rec.imports_s:.2f}s), exited at {rec.process_s:.2f}s, "
-                f"{rec.batches} batches{ray}")
+    for repeat, loader in alternating(loaders, repeats):
+        rec = run_script(loader, repeat, ITEMS[size])
+        records.append(rec)
+        ray = f", Ray {rec.ray}" if rec.ray else ""
+        log(f"  coldstart {loader:8} repeat {repeat}: first batch at {rec.first_s:.2f}s "
+            f"(imports done {rec.imports_s:.2f}s), exited at {rec.process_s:.2f}s, "
+            f"{rec.batches} batches{ray}")
     return records
 
 
@@ -150,11 +151,7 @@ class ColdstartRow:
 
 
 def summarise(records: list[ColdstartRecord]) -> list[ColdstartRow]:
-    by_repeat: dict[int, dict[str, ColdstartRecord]] = {}
-    for rec in records:
-        by_repeat.setdefault(rec.repeat, {})[rec.loader] = rec
-    pairs = [(r["torch"], r["dpex-ray"]) for r in by_repeat.values()
-             if "torch" in r and "dpex-ray" in r]
+    pairs = torch_dpex_pairs(records)
     if not pairs:
         return []
     rows = []

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 LOADERS = ("torch", "dpex-ray")  # dpex-ray: dpex.DataLoader(distribute_mode=True)
 METRICS = ("warm_whole_s", "warm_first_s", "cold_whole_s", "cold_first_s")
@@ -100,19 +101,26 @@ def run_in_fresh_process(loader: str, repeat: int, items: int, val_items: int, e
     return StartupRecord(loader, repeat, **json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def alternating(loaders: tuple[str, ...], repeats: int):
+    """``(repeat, loader)`` for each fresh run: the loaders in turn, reversed every other
+    repeat, so neither always runs first on a machine whose load drifts."""
+    for repeat in range(repeats):
+        for loader in (loaders if repeat % 2 == 0 else loaders[::-1]):
+            yield repeat, loader
+
+
 def run_startup(size: str, epochs: int, repeats: int, workers: int = 2,
                 loaders: tuple[str, ...] = LOADERS,
                 log: Callable[[str], None] = print) -> list[StartupRecord]:
     """``repeats`` fresh processes per loader, alternating (reversed every other repeat)."""
     items, val_items = ITEMS[size]
     records = []
-    for repeat in range(repeats):
-        for loader in (loaders if repeat % 2 == 0 else loaders[::-1]):
-            rec = run_in_fresh_process(loader, repeat, items, val_items, epochs, workers)
-            records.append(rec)
-            log(f"  startup {loader:8} N={workers} repeat {repeat}: warm run "
-                f"{rec.warm_whole_s:.2f}s (first batch {rec.warm_first_s:.3f}s), cold run "
-                f"{rec.cold_whole_s:.2f}s (first batch {rec.cold_first_s:.2f}s)")
+    for repeat, loader in alternating(loaders, repeats):
+        rec = run_in_fresh_process(loader, repeat, items, val_items, epochs, workers)
+        records.append(rec)
+        log(f"  startup {loader:8} N={workers} repeat {repeat}: warm run "
+            f"{rec.warm_whole_s:.2f}s (first batch {rec.warm_first_s:.3f}s), cold run "
+            f"{rec.cold_whole_s:.2f}s (first batch {rec.cold_first_s:.2f}s)")
     return records
 
 
@@ -135,12 +143,17 @@ class StartupRow:
     repeats: int
 
 
-def summarise(records: list[StartupRecord]) -> list[StartupRow]:
-    by_repeat: dict[int, dict[str, StartupRecord]] = {}
+def torch_dpex_pairs(records: list) -> list[tuple]:
+    """``(torch's record, dpex's record)`` of each repeat that has both."""
+    by_repeat: dict[int, dict[str, Any]] = {}
     for rec in records:
         by_repeat.setdefault(rec.repeat, {})[rec.loader] = rec
-    pairs = [(r["torch"], r["dpex-ray"]) for r in by_repeat.values()
-             if "torch" in r and "dpex-ray" in r]
+    return [(r["torch"], r["dpex-ray"]) for r in by_repeat.values()
+            if "torch" in r and "dpex-ray" in r]
+
+
+def summarise(records: list[StartupRecord]) -> list[StartupRow]:
+    pairs = torch_dpex_pairs(records)
     if not pairs:
         return []
     rows = []
