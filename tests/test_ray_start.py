@@ -73,6 +73,25 @@ else:
                       "seconds": time.monotonic() - started}))
 '''
 
+# The workers' threads, as `ps -eLo` shows them, while the workers are still alive.
+TRAIN_NICENESS = '''
+import json, os, subprocess
+import torch, dpex
+
+class Pids(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.tensor([os.getpid()])
+
+loader = dpex.DataLoader(Pids(), batch_size=2, num_workers=2, distribute_mode=True)
+pids = {int(p) for batch in loader for p in batch.flatten()}
+ps = subprocess.run(["ps", "-eLo", "pid=,tid=,ni=,comm="], capture_output=True, text=True)
+threads = [line.split(None, 3) for line in ps.stdout.splitlines()]
+print(json.dumps({"trainer": os.getpriority(os.PRIO_PROCESS, 0), "pids": sorted(pids),
+                  "threads": [t for t in threads if int(t[0]) in pids]}))
+'''
+
 TRAIN_DDP = '''
 import json, os
 import torch.distributed as dist
@@ -159,7 +178,8 @@ def can_hide_directories() -> bool:
 def cluster(tmp_path_factory):
     project = tmp_path_factory.mktemp("project")
     for name, text in (("mydata.py", MYDATA), ("train.py", TRAIN), ("train_ddp.py", TRAIN_DDP),
-                       ("train_lightning.py", TRAIN_LIGHTNING)):
+                       ("train_lightning.py", TRAIN_LIGHTNING),
+                       ("train_niceness.py", TRAIN_NICENESS)):
         (project / name).write_text(textwrap.dedent(text))
     previous_record = open(RECORD).read() if os.path.exists(RECORD) else None
     env = user_env()
@@ -227,6 +247,20 @@ def test_users_module_reaches_workers_on_a_node_without_the_project(cluster):
     out = train(cluster, "--far", "--no-ship")
     assert out["error"] == "ModuleNotFoundError", out
     assert "'mydata'" in out["message"] and "ship_modules" in out["message"]
+
+
+def test_every_thread_of_a_worker_runs_at_the_trainers_niceness(cluster):
+    # `ray start` with Ray's defaults starts workers at niceness 15; dpex's default
+    # (niceness="trainer") sets every thread, not only the one that asked (issue 18).
+    proc = subprocess.run([os.path.join(BIN, "python"), "train_niceness.py"],
+                          cwd=cluster["project"], env=user_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    threads = out["threads"]
+    assert len(out["pids"]) >= 1 and len(threads) > 5 * len(out["pids"]), out
+    off = [t for t in threads if int(t[2]) != out["trainer"]]
+    assert not off, f"threads not at the trainer's niceness {out['trainer']}: {off}"
 
 
 def test_torchrun_ranks_share_the_cluster_through_ray_address(cluster):

@@ -261,13 +261,33 @@ class Worker:
                           time.perf_counter() - started)
 
     def _set_niceness(self, niceness: int) -> None:
-        """Run at ``niceness``; remember when the system refuses (no privilege to lower it)."""
-        try:
-            if os.getpriority(os.PRIO_PROCESS, 0) != niceness:
-                os.setpriority(os.PRIO_PROCESS, 0, niceness)
-            self.niceness_denied = False
-        except PermissionError:
-            self.niceness_denied = True
+        """Run every thread of this process at ``niceness``; remember when the system refuses
+        (raising priority needs a privilege).
+
+        On Linux a niceness belongs to a thread: ``setpriority(PRIO_PROCESS, 0, n)`` changes
+        only the calling one, so the threads Ray started before dpex got control (its
+        ``ray::IDLE`` and core worker threads, jemalloc's) would keep Ray's 15, and a result
+        would wait for them on a core where anything runs at normal priority. Every thread
+        is set, at each ``begin``; a thread started later inherits its creator's niceness.
+        """
+        denied = False
+        for tid in _thread_ids():
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) != niceness:
+                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
+            except PermissionError:
+                denied = True
+            except ProcessLookupError:  # the thread ended meanwhile
+                pass
+        self.niceness_denied = denied
+
+
+def _thread_ids() -> list[int]:
+    """This process's thread ids (Linux), else just 0: the calling thread/process."""
+    try:
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
 
 
 def _private_memory_collate(collate_fn: Callable) -> Callable:
