@@ -33,9 +33,11 @@ from urllib.parse import urlparse
 import ray
 
 from dpex import ray_internals
+from dpex.embedded_head import EmbeddedHead
 
 _lock = threading.Lock()
 _embedded_started = False
+_head: EmbeddedHead | None = None  # an embedded head starting in a helper process
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -46,12 +48,67 @@ def ensure_ray(head_address: str | None = "auto") -> None:
     with _lock:
         if ray.is_initialized():
             return
-        if head_address is None:
+        if _head is not None:  # a loader started the embedded head already: join it
+            _join_head(_head.wait())
+        elif head_address is None:
             _start_embedded()
         elif head_address == "auto":
             _join_or_start_embedded()
         else:
             join(head_address)
+
+
+def would_start_embedded(head_address: str | None) -> bool:
+    """Whether ``ensure_ray(head_address)`` would start the embedded Ray (nothing to join),
+    asked without connecting to anything but a quick look at a recorded cluster."""
+    if ray.is_initialized():
+        return False
+    if _head is not None or head_address is None:
+        return True
+    if head_address != "auto":
+        return False
+    env_address = os.environ.get("RAY_ADDRESS")
+    if env_address:
+        return env_address == "local"
+    recorded = ray_internals.recorded_cluster_address()
+    if not recorded:
+        return True
+    try:
+        _check_reachable(recorded)
+    except ConnectionError:
+        return True
+    return False
+
+
+def start_head_in_background() -> EmbeddedHead:
+    """Start the embedded head in a helper process (embedded_head.py, its NOTE) and return
+    it; ``ensure_ray`` then joins it, or ``join_head_if_up`` once it is up."""
+    global _head
+    with _lock:
+        if _head is None:
+            _head = EmbeddedHead(os.getpriority(os.PRIO_PROCESS, 0))
+            atexit.register(_stop_embedded)
+        return _head
+
+
+def join_head_if_up() -> bool:
+    """Join the head ``start_head_in_background`` started, if it is up; True once joined."""
+    if ray.is_initialized():
+        return True
+    with _lock:
+        address = _head.poll() if _head is not None else None
+        if address is None:
+            return False
+        if not ray.is_initialized():
+            _join_head(address)
+    return True
+
+
+def _join_head(address: str) -> None:
+    global _embedded_started
+    with ray_internals.loopback_only(), ray_internals.quiet_token_auth_banner():
+        join(address, runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
+    _embedded_started = True
 
 
 def owns_ray_session() -> bool:
@@ -129,10 +186,13 @@ def _start_embedded() -> None:
 
 
 def _stop_embedded() -> None:
-    global _embedded_started
+    global _embedded_started, _head
     if _embedded_started and ray.is_initialized():
         ray.shutdown()
     _embedded_started = False
+    if _head is not None:  # the helper stops Ray's daemons; the trainer does not wait
+        _head.stop()
+        _head = None
 
 
 def driver_pythonpath() -> str:

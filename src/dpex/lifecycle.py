@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayError
 
 from dpex import user_code
+from dpex.local_workers import LocalActor, LocalProcessDied, get
 from dpex.placement import NoEligibleNodeError, eligible_nodes
 from dpex.pool import POOL, kill_quietly
 from dpex.resume import WorkerPosition
@@ -98,6 +99,7 @@ class ProcessLifecycle:
 
         ``watch``: the process gets no logical worker until it answers (the elastic
         control adds processes this way, so a move never waits on a cold start)."""
+        self._ensure_ray()  # a local start may not have joined Ray yet (local_start.py)
         live = [p.node_id for p in self._procs if not p.dead]
         node_id = self._picker.node_for(live, avoid)
         self._proc_serial += 1
@@ -129,8 +131,8 @@ class ProcessLifecycle:
         ref, starting.ready_ref = starting.ready_ref, None
         proc = starting if isinstance(starting, ProcessHandle) else starting.process
         try:
-            answer = ray.get(ref)
-        except RayActorError as exc:
+            answer = get(ref)
+        except (RayActorError, LocalProcessDied) as exc:
             if isinstance(starting, WorkerSlot):
                 self._raise_if_start_failed(starting, exc)
             self._recover(proc, exc)
@@ -275,7 +277,9 @@ class ProcessLifecycle:
         """Forget ``proc``: back to the pool when ``reuse`` (it hosts nothing), else killed."""
         if proc in self._procs:
             self._procs.remove(proc)
-        if reuse and proc.ready_ref is None and not proc.dead:
+        if isinstance(proc.actor, LocalActor):
+            proc.actor.stop()
+        elif reuse and proc.ready_ref is None and not proc.dead:
             POOL.release(proc.actor, self._options, proc.node_id)
         else:
             kill_quietly(proc.actor)
@@ -297,7 +301,9 @@ class ProcessLifecycle:
         busy = {slot.process for slot in self._slots if slot.in_flight}
         for proc in list(self._procs):
             keep = reuse and proc.ready_ref is None and (epoch_done or proc not in busy)
-            if keep:
+            if isinstance(proc.actor, LocalActor):
+                proc.actor.stop()
+            elif keep:
                 POOL.release(proc.actor, self._options, proc.node_id)
             else:
                 kill_quietly(proc.actor)

@@ -75,6 +75,10 @@ class WorkerOptions:
             Lowering niceness needs privileges on most systems: where a worker cannot, it
             keeps Ray's and ``loader.stats().niceness_denied`` says so (start the node with
             ``RAY_worker_niceness=0 ray start ...`` instead).
+        local_start: in a process with no Ray yet that would start the embedded one, begin
+            on local processes forked from the trainer (as torch's workers are) while Ray
+            starts in a helper process, then move each logical worker to a Ray process:
+            the first batch as soon as torch's, the same batches (see ``dpex.local_start``).
 
     Example:
         >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)
@@ -97,6 +101,7 @@ class WorkerOptions:
     autoscale: Autoscale | None = None
     rebalance: bool = True
     niceness: int | str | None = "trainer"
+    local_start: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.ship_modules, str) and self.ship_modules != "auto":

@@ -77,6 +77,8 @@ from dpex.cluster import owns_ray_session
 from dpex.dispatch import Dispatch
 from dpex.elastic import ElasticControl
 from dpex.lifecycle import ProcessLifecycle, ProcessHandle, WorkerSlot, live_iterators
+from dpex.local_start import LocalStart, can_start_locally
+from dpex.local_workers import LocalProcessDied, get, wait
 from dpex.placement import NodePicker, WorkerOptions
 from dpex.resume import EpochRecord, PendingResume, WorkerPosition, skipping
 from dpex.seeding import draw_base_seed
@@ -89,7 +91,7 @@ if TYPE_CHECKING:
 # How long one wait on Ray may block before the iterator checks on starting workers.
 _WAIT_SLICE_S = 1.0
 
-class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
+class _RayDataLoaderIter(ProcessLifecycle, Dispatch, LocalStart):
     """Iterates once over a ``dpex.DataLoader``, as specified by its sampler. See the NOTE."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -122,11 +124,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
             self._base_seed = draw_base_seed(self._generator)
         self._shutdown = False
 
-        connect(loader.head_address)  # under torch.distributed, the ranks share one Ray
-        # The user's own modules travel with what needs them (see dpex.user_code).
-        code = user_code.bundle_for(self._options.ship_modules, embedded=owns_ray_session())
-        self._dataset_ref = ray.put(user_code.wrap(loader.dataset, code))
-        self._config = user_code.wrap(WorkerConfig(
+        self._head_address = loader.head_address
+        self._raw_config = WorkerConfig(
             num_workers=self._num_workers,
             base_seed=self._base_seed,
             is_iterable=self._is_iterable,
@@ -134,8 +133,13 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
             collate_fn=loader.collate_fn,
             drop_last=loader.drop_last,
             worker_init_fn=loader.worker_init_fn,
-        ), code)
-        self._picker = NodePicker(self._options)
+        )
+        self._dataset_ref = self._config = self._picker = None
+        # A cold process begins on local processes while Ray starts (local_start.py).
+        self._local_active = can_start_locally(loader, self._options, self._is_iterable)
+        if not self._local_active:
+            connect(loader.head_address)  # under torch.distributed, the ranks share one Ray
+            self._setup_ray()
         self._niceness = self._options.target_niceness()
         self._id = uuid.uuid4().hex[:8]
         self._slots = [WorkerSlot(i) for i in range(self._num_workers)]
@@ -147,8 +151,12 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
         self._proc_serial = 0
         self._elastic = ElasticControl(self, self._options, self._num_workers,
                                        start_count=self._stats.processes or None)
-        for _ in range(self._elastic.initial_processes()):
-            self._add_process(count=False)
+        if self._local_active:
+            self._start_locally(loader.dataset, self._raw_config,
+                                self._elastic.initial_processes())
+        else:
+            for _ in range(self._elastic.initial_processes()):
+                self._add_process(count=False)
         self._count_processes()
         for slot in self._slots:  # logical worker w on process w mod P: equal shares
             slot.epoch_start = slot.position
@@ -156,6 +164,21 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
             self._begin_slot(slot)
         live_iterators.add(self)
         self._reset(loader, first_iter=True, skip=resume.skip if resume is not None else 0)
+
+    def _setup_ray(self) -> None:
+        """What the Ray processes need: the dataset in the object store (once), the config,
+        with the user's own modules where they travel (see dpex.user_code)."""
+        code = user_code.bundle_for(self._options.ship_modules, embedded=owns_ray_session())
+        self._dataset_ref = ray.put(user_code.wrap(self._dataset, code))
+        self._config = user_code.wrap(self._raw_config, code)
+        self._picker = NodePicker(self._options)
+
+    def _control_step(self) -> None:
+        """Between batches and while waiting: the local start's hand-over, else elastic."""
+        if self._local_active:
+            self._local_step()
+        else:
+            self._elastic.tick()
 
     # ----------------------------------------------------------------- epoch control
 
@@ -232,7 +255,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
         self._torch_dispatched += 1  # torch dispatches one task per batch handed out
         self._fill()
         self._stats.set_in_flight(self._tasks_outstanding)
-        self._elastic.tick()
+        self._control_step()
         if result.kind == ERROR:
             result.payload.reraise()
         data = transport.from_wire(result.payload)
@@ -295,7 +318,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
                 slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
             refs = [target] if target is not None else list(self._calls)
             waiting = time.perf_counter()
-            ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=slice_s)
+            ready, _ = wait(refs + list(starting), num_returns=1, timeout=slice_s)
             self._stalled += time.perf_counter() - waiting
             if ready:
                 for ref in ready:
@@ -307,17 +330,17 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch):
                 if any(ref not in starting for ref in ready):
                     return
             self._check_start_deadlines()
-            self._elastic.tick()  # a long wait is when moves and more processes help most
+            self._control_step()  # a long wait is when moves and more processes help most
             if deadline is not None and time.monotonic() >= deadline:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
 
     def _collect(self, ref: Any, timeout: float | None) -> bool:
         """File the results of the call ``ref``; False if it is not done within ``timeout``."""
         try:
-            results: list[TaskResult] = ray.get(ref, timeout=timeout)
+            results: list[TaskResult] = get(ref, timeout=timeout)
         except GetTimeoutError:
             return False
-        except (RayActorError, ObjectLostError) as exc:
+        except (RayActorError, ObjectLostError, LocalProcessDied) as exc:
             # The process died, or its node did and took the result with it.
             slot = self._calls[ref][0]
             if isinstance(exc, RayActorError):

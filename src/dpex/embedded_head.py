@@ -1,0 +1,87 @@
+"""The embedded Ray's head, started in a helper process while the trainer works.
+
+NOTE [ dpex Embedded Head in a Helper Process ]
+
+Why
+  ``ray.init(address="local")`` blocks the trainer for the head's start (3-4 s on 2 cores),
+  and started from another thread it makes ``ray.shutdown()`` take 15 s (the core worker's
+  destructor waits on a metrics flush). A cold process's first loader instead begins on
+  local processes (local_start.py) while a helper process starts the head; the trainer
+  joins it once it is up (0.1 s) and hands its logical workers over to Ray processes.
+
+The helper
+  ``python _head_process.py NICENESS``: a plain Python process (Ray, no torch) that runs
+  ``ray.init(address="local")`` bound to loopback, with the trainer's worker niceness, prints
+  one line, ``127.0.0.1:<GCS port>``, then reads its stdin until it closes. Then it shuts
+  Ray down (the head's daemons are its children) and exits.
+
+Who owns what
+  The trainer owns the helper: it closes the helper's stdin at interpreter exit
+  (``stop``), and the helper's stdin closes by itself when the trainer dies, however it
+  dies. The trainer does not wait for Ray's daemons to stop: the helper does that, within
+  seconds of the trainer's exit. While the trainer has not joined, it holds no Ray state
+  at all, so forking local worker processes stays as safe as torch's own forks.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_head_process.py")
+
+
+class EmbeddedHead:
+    """A helper process starting the embedded Ray head; see the NOTE."""
+
+    def __init__(self, niceness: int) -> None:
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, _SCRIPT, str(niceness)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        self.address: str | None = None
+        self._line: str | None = None
+        self._answered = threading.Event()
+        # A plain thread reading one line (no Ray in it): select() fails on descriptors
+        # past 1024, which a trainer holding torch's shared-memory descriptors can reach.
+        threading.Thread(target=self._read_address, daemon=True,
+                         name="dpex-embedded-head").start()
+
+    def _read_address(self) -> None:
+        try:
+            self._line = self._proc.stdout.readline().strip()
+        finally:
+            self._answered.set()
+
+    def poll(self, timeout: float = 0.0) -> str | None:
+        """The head's address once it is up (None until then, waiting up to ``timeout``).
+
+        Raises:
+            RuntimeError: the helper exited without starting the head (with its output).
+        """
+        if self.address is None:
+            if self._answered.wait(timeout):
+                if self._line:
+                    self.address = self._line
+                else:
+                    self._proc.wait()
+                    self._stderr.seek(0)
+                    raise RuntimeError("dpex could not start its embedded Ray (exit code "
+                                       f"{self._proc.returncode}):\n{self._stderr.read()[-3000:]}")
+        return self.address
+
+    def wait(self, timeout_s: float = 120.0) -> str:
+        address = self.poll(timeout_s)
+        if address is None:
+            raise RuntimeError(f"dpex's embedded Ray did not start within {timeout_s}s")
+        return address
+
+    def stop(self) -> None:
+        """Let the helper shut Ray down and exit; nothing here waits for it."""
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass

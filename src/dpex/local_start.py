@@ -1,0 +1,123 @@
+"""A cold process's first loader begins on local processes, and moves to Ray once it is up.
+
+NOTE [ dpex Local Start ]
+
+When
+  A distributed iterator in a process that has no Ray session, that would start the
+  embedded Ray (no cluster to join; ``cluster.would_start_embedded``), outside a
+  multi-rank ``torch.distributed`` job, with workers that may run on the trainer's node
+  (no ``avoid_trainer_node``, custom resources, labels, GPUs or ``ray_options``), and whose
+  logical workers can move (not an ``IterableDataset`` without ``state_dict``).
+  ``WorkerOptions(local_start=False)`` turns it off.
+
+What happens
+  1. The iterator forks its processes from the trainer (``LocalActor``: torch's own
+     mechanism, milliseconds, the dataset inherited) and each hosts its logical workers
+     exactly as a Ray process would: same seeds, same tasks, RNG state with every result.
+  2. Then the embedded head starts in a helper process (embedded_head.py, its NOTE): the
+     trainer itself holds no Ray state yet, so later iterators of the same process can fork
+     local processes too.
+  3. Between batches, and while the loop waits, ``_local_step`` checks the head. Once it is
+     up the trainer joins it (about 0.1 s), puts the dataset in the object store, and starts
+     one Ray process per local one, watched: none takes a worker before it answers.
+  4. As each answers, the logical workers of its local twin move to it with the move
+     protocol (elastic.py's NOTE: drain, then continue from the RNG state of the last
+     result), and the local process ends once empty. The batches are torch's bits
+     throughout. The elastic control (autoscaling, rebalancing) waits until every worker
+     is on Ray.
+
+Failures
+  A local process that dies is recovered as a dead Ray process is, onto a Ray process
+  (joining the head first, waiting for it if need be). If it dies while its workers are
+  moving, they arrive on their Ray process at once; if the Ray process dies first, they
+  stay local and a new Ray process is started for them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import ray
+import torch
+
+from dpex import cluster
+from dpex.local_workers import LocalActor, wait
+
+if TYPE_CHECKING:
+    from dpex.lifecycle import ProcessHandle
+    from dpex.placement import WorkerOptions
+
+
+def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) -> bool:
+    """The conditions of the NOTE's "When"."""
+    if not options.local_start or ray.is_initialized():
+        return False
+    if (options.avoid_trainer_node or options.resources or options.labels
+            or options.num_gpus or options.ray_options):
+        return False
+    if is_iterable and not callable(getattr(loader.dataset, "state_dict", None)):
+        return False
+    if (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1):
+        return False
+    try:
+        return cluster.would_start_embedded(loader.head_address)
+    except Exception:  # a Ray without the pieces this needs: start as before
+        return False
+
+
+class LocalStart:
+    """The local-start half of ``_RayDataLoaderIter`` (which sets the attributes used here)."""
+
+    def _start_locally(self, dataset: Any, config: Any, count: int) -> None:
+        """Fork ``count`` local processes (the NOTE's step 1), then start the head (2)."""
+        from dpex.lifecycle import ProcessHandle
+
+        for _ in range(count):
+            self._proc_serial += 1
+            self._procs.append(ProcessHandle(LocalActor(dataset, config), None,
+                                             self._proc_serial))
+        self._local_twins: dict[ProcessHandle, ProcessHandle] = {}  # Ray process -> local
+        cluster.start_head_in_background()
+
+    def _local_procs(self) -> list[ProcessHandle]:
+        return [p for p in self._procs if isinstance(p.actor, LocalActor) and not p.dead]
+
+    def _local_step(self) -> None:
+        """Steps 3 and 4 of the NOTE, as far as they can go now."""
+        if not self._local_active:
+            return
+        if self._dataset_ref is None:
+            if not cluster.join_head_if_up():
+                return
+            self._setup_ray()
+            self._elastic.note("Ray is up: starting a Ray process for each local one")
+        for local in self._local_procs():  # step 3, and again if a Ray twin died
+            if (self._hosted(local) and not local.retiring
+                    and local not in self._local_twins.values()):
+                self._local_twins[self._add_process(watch=True)] = local
+        starting = [p.ready_ref for p in self._local_twins if p.ready_ref is not None]
+        if starting:
+            ready, _ = wait(starting, num_returns=len(starting), timeout=0)
+            for proc in [p for p in self._local_twins if p.ready_ref in ready]:
+                self._on_started(proc)
+        for proc, local in list(self._local_twins.items()):
+            if proc.dead or local.dead or not self._hosted(local):
+                del self._local_twins[proc]
+            elif proc.ready_ref is None:  # step 4: it answered
+                del self._local_twins[proc]
+                local.retiring = True
+                for slot in [s for s in self._slots if s.process is local]:
+                    if slot.moving_to is None:
+                        self._move(slot, proc)
+                if not self._hosted(local):
+                    self._drop_process(local, reuse=False)
+        if not self._local_procs():
+            self._local_active = False
+            self._elastic.note("every logical worker is on a Ray process")
+
+    def _ensure_ray(self) -> None:
+        """Join the head now, waiting for it if need be (a recovery needs a Ray process)."""
+        if self._dataset_ref is None:
+            cluster.ensure_ray(self._head_address)
+            self._setup_ray()

@@ -1,0 +1,197 @@
+"""Local worker processes, forked from the trainer as torch forks its workers, for the first
+batches of a cold process (local_start.py); and ``get`` / ``wait`` over their calls and
+Ray's alike.
+
+A ``LocalActor`` hosts dpex's ``Worker`` (worker.py) in a forked process and answers the
+calls the iterator makes on a Ray actor (``actor.fetch.remote(...)``, ``begin``, ``drop``,
+``reset_epoch``, ``rewind``) with a ``LocalRef``; its replies come back in call order over a
+pipe. Every result carries the worker's RNG state, as from a Ray actor, so a logical worker
+moves from a local process to a Ray one with the move protocol, bit for bit. A local
+process that dies fails its outstanding calls with ``LocalProcessDied``, which the
+iterator recovers from as from a dead Ray actor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import time
+from multiprocessing.connection import wait as wait_for_connections
+from typing import Any
+
+import ray
+
+from dpex.worker import Worker
+
+_METHODS = ("begin", "fetch", "drop", "reset_epoch", "rewind", "release", "ready")
+_MIXED_POLL_S = 0.002  # while Ray calls and local ones are awaited together
+
+
+class LocalProcessDied(RuntimeError):
+    """A local worker process exited (killed, crashed) with calls outstanding."""
+
+
+class LocalRef:
+    """The pending reply of one call to a ``LocalActor``."""
+
+    __slots__ = ("owner", "done", "value", "error")
+
+    def __init__(self, owner: LocalActor) -> None:
+        self.owner = owner
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def _resolve(self, ok: bool, value: Any) -> None:
+        self.done = True
+        if ok:
+            self.value = value
+        else:
+            self.error = value
+
+
+class _Method:
+    def __init__(self, actor: LocalActor, name: str) -> None:
+        self._actor, self._name = actor, name
+
+    def remote(self, *args: Any) -> LocalRef:
+        return self._actor._call(self._name, args)
+
+
+class LocalActor:
+    """A forked worker process; the dataset and config are inherited through the fork (a
+    ``begin`` with ``None`` for them uses those)."""
+
+    def __init__(self, dataset: Any, config: Any) -> None:
+        context = multiprocessing.get_context("fork")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, dataset, config),
+                                       daemon=True, name="dpex-local-worker")
+        self.process.start()
+        child.close()
+        self._ids = itertools.count()
+        self._pending: dict[int, LocalRef] = {}
+        self.dead = False
+
+    def __getattr__(self, name: str) -> _Method:
+        if name in _METHODS:
+            return _Method(self, name)
+        raise AttributeError(name)
+
+    def _call(self, name: str, args: tuple) -> LocalRef:
+        ref = LocalRef(self)
+        if name == "ready":  # answered here: it has no Ray node
+            ref._resolve(True, (None, self.process.pid))
+            return ref
+        call_id = next(self._ids)
+        self._pending[call_id] = ref
+        try:
+            self.conn.send((call_id, name, args))
+        except OSError:
+            self._fail_all()
+        return ref
+
+    def pump(self, timeout: float = 0.0) -> None:
+        """File the replies that have arrived (waiting up to ``timeout`` for the first)."""
+        try:
+            while not self.dead and self.conn.poll(timeout):
+                call_id, ok, value = self.conn.recv()
+                self._pending.pop(call_id)._resolve(ok, value)
+                timeout = 0.0
+        except (EOFError, OSError):
+            self._fail_all()
+
+    def _fail_all(self) -> None:
+        self.dead = True
+        error = LocalProcessDied(f"dpex local worker process {self.process.pid} exited "
+                                 f"(exit code {self.process.exitcode})")
+        for ref in self._pending.values():
+            ref._resolve(False, error)
+        self._pending.clear()
+
+    def stop(self) -> None:
+        """End the process (its calls fail); used when its workers have moved to Ray."""
+        self.conn.close()
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(timeout=1.0)
+        self.dead = True
+
+
+def _serve(conn: Any, dataset: Any, config: Any) -> None:
+    """The local process: run the trainer's calls on a ``Worker``, in order."""
+    worker = Worker()
+    while True:
+        try:
+            call_id, name, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if name == "begin":  # (dataset, config, worker_id, resume, replay, niceness)
+                data, conf, worker_id, resume, replay, niceness = args
+                if niceness is not None:
+                    worker._set_niceness(niceness)
+                worker._begin(dataset if data is None else data,
+                              config if conf is None else conf, worker_id, resume, replay)
+                value = (None, os.getpid(), worker.niceness_denied)
+            else:
+                value = getattr(worker, name)(*args)
+            reply = (call_id, True, value)
+        except Exception as exc:  # noqa: BLE001 - it goes back to the trainer
+            reply = (call_id, False, exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # an unpicklable result or error
+            conn.send((call_id, False, RuntimeError(f"dpex local worker: {exc!r}")))
+
+
+# ----------------------------------------------------------------------------- get / wait
+
+
+def get(ref: Any, timeout: float | None = None) -> Any:
+    """``ray.get`` of one call, local or Ray's; raises ``ray.exceptions.GetTimeoutError``."""
+    if not isinstance(ref, LocalRef):
+        return ray.get(ref, timeout=timeout)
+    if not ref.done:
+        ref.owner.pump(0.0 if timeout is None else timeout)
+        while not ref.done and timeout is None:
+            ref.owner.pump(1.0)
+            if not ref.done and not ref.owner.process.is_alive():
+                ref.owner.pump(0.0)
+                if not ref.done:
+                    ref.owner._fail_all()
+    if not ref.done:
+        raise ray.exceptions.GetTimeoutError("a local worker's reply is not there yet")
+    if ref.error is not None:
+        raise ref.error
+    return ref.value
+
+
+def wait(refs: list[Any], num_returns: int = 1, timeout: float | None = None
+         ) -> tuple[list[Any], list[Any]]:
+    """``ray.wait`` over local and Ray calls together."""
+    local = [r for r in refs if isinstance(r, LocalRef)]
+    if not local:
+        return ray.wait(refs, num_returns=num_returns, timeout=timeout)
+    remote = [r for r in refs if not isinstance(r, LocalRef)]
+    owners = {r.owner for r in local}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        for owner in owners:
+            owner.pump()
+            if not owner.process.is_alive():
+                owner.pump()
+                owner._fail_all()
+        ready = [r for r in local if r.done]
+        if remote:
+            ready += ray.wait(remote, num_returns=len(remote), timeout=0)[0]
+        left = None if deadline is None else deadline - time.monotonic()
+        if ready or (left is not None and left <= 0):
+            ready = ready[:max(num_returns, 1)]
+            return ready, [r for r in refs if r not in ready]
+        slice_s = _MIXED_POLL_S if remote else (1.0 if left is None else min(1.0, left))
+        if remote:
+            ray.wait(remote, num_returns=1, timeout=min(slice_s, left if left else slice_s))
+        else:
+            wait_for_connections([o.conn for o in owners if not o.dead], timeout=slice_s)

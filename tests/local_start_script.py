@@ -1,0 +1,62 @@
+"""``python local_start_script.py MODE``: a cold process's loader begins on local processes
+and moves to Ray mid-epoch (tests/test_local_start.py). MODE ``handover``: nothing else
+happens; ``kill``: a local process is SIGKILLed while its workers are being handed over.
+Prints one JSON line: whether the batches are torch's, and what the loader did."""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import dpex
+from dpex import cluster
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Items that take 5 ms and draw from torch's RNG (the worker's stream must carry over)."""
+
+    def __len__(self):
+        return 1600
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return torch.tensor([float(i)]) + torch.rand(3)
+
+
+def batches(distribute_mode, fault=None):
+    loader = dpex.DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=2,
+                             generator=torch.Generator().manual_seed(5),
+                             distribute_mode=distribute_mode)
+    it = iter(loader)
+    out = [next(it) for _ in range(5)]
+    if distribute_mode:
+        local_pids = [p.actor.process.pid for p in it._procs]
+        cluster._head.wait()  # the rest of the epoch outlasts the hand-over
+    for batch in it:
+        out.append(batch)
+        if fault is not None and it._local_twins and not fault["done"]:
+            os.kill(local_pids[0], signal.SIGKILL)
+            fault["done"] = True
+    return out, loader, (local_pids if distribute_mode else [])
+
+
+def main():
+    mode = sys.argv[1]
+    expected, _, _ = batches(False)
+    fault = {"done": False} if mode == "kill" else None
+    got, loader, local_pids = batches(True, fault)
+    stats = loader.stats()
+    print(json.dumps({
+        "equal": len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(expected, got)),
+        "batches": len(got), "moves": stats.moves, "restarts": stats.worker_restarts,
+        "events": [e.reason for e in stats.scaling_events],
+        "killed": bool(fault and fault["done"]), "local_pids": local_pids,
+        "helper_pid": cluster._head._proc.pid,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

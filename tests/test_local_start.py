@@ -1,0 +1,54 @@
+"""A cold process (no Ray yet): the first loader begins on local processes and hands its
+workers over to Ray processes mid-epoch, bitwise (dpex/local_start.py, its NOTE). Each case
+is a fresh interpreter, as `python train.py` is; the scripts compare with torch's loader."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import user_env
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_start_script.py")
+
+
+def run_script(mode: str) -> dict:
+    proc = subprocess.run([sys.executable, SCRIPT, mode], env=user_env(), capture_output=True,
+                          text=True, timeout=240, cwd=os.path.dirname(SCRIPT))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited too
+        return f.read().split(") ", 1)[1].startswith("Z")
+
+
+def wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(gone(p) for p in pids):
+        time.sleep(0.5)
+    return [p for p in pids if not gone(p)]
+
+
+@pytest.mark.parametrize("mode", ["handover", "kill"])
+def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
+    out = run_script(mode)
+    assert out["equal"], out
+    assert "every logical worker is on a Ray process" in out["events"], out
+    if mode == "handover":
+        assert out["moves"] == 2 and out["restarts"] == 0, out
+    else:
+        assert out["killed"] and out["restarts"] >= 1, out
+    # Nothing is left behind: the local processes, and the helper that ran the embedded
+    # Ray (it stops Ray's daemons, its children, after the trainer exits).
+    assert wait_gone(out["local_pids"] + [out["helper_pid"]]) == []
