@@ -57,7 +57,8 @@ def main(out_dir: str) -> None:
         "expected": expected, "got": got, "head": head, "rest": list(resumed),
         "on_ray": [on_ray(prepared), got["skipping_on_ray"], on_ray(resumed)],
         "device": str(got["epochs"][0][0]["x"].device),
-        "gcs": ray.get_runtime_context().gcs_address,
+        # A short 1-process run may end on the local start, before Ray is up.
+        "gcs": ray.get_runtime_context().gcs_address if ray.is_initialized() else None,
     }
     torch.save(record, f"{out_dir}/rank{accelerator.process_index}.pt")
 

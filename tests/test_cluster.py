@@ -5,6 +5,7 @@ has one Ray connection."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,18 +48,25 @@ def run_script(body: str, timeout: float = 120, stderr: list | None = None) -> l
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_exit():
+@pytest.mark.parametrize("local_start", [False, True], ids=["started-by-the-loader", "local-start-helper"])
+def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_exit(local_start):
+    # With the local start (a cold process's default) the embedded Ray starts in a helper
+    # process and the trainer joins it once up; ensure_ray waits for that here.
     stderr = []
-    out = run_script("""
-        batches = run()
-        second = run()  # a second loader shares the same session
+    out = run_script(f"""
+        opts = dpex.WorkerOptions(local_start={local_start})
+        batches = run(worker_options=opts)
+        second = run(worker_options=opts)  # a second loader shares the same session
+        cluster.ensure_ray(None)
         node = ray.nodes()[0]
         from dpex import ray_internals
-        print(json.dumps({"batches": batches, "same": batches == second,
+        helper = cluster._head._proc.pid if cluster._head is not None else None
+        print(json.dumps({{"batches": batches, "same": batches == second,
                           "owns": cluster.owns_ray_session(),
                           "ip": node["NodeManagerAddress"],
                           "dashboard": ray._private.worker.get_dashboard_url(),
-                          "token_auth": ray_internals.token_auth_enabled()}))
+                          "token_auth": ray_internals.token_auth_enabled(),
+                          "helper": helper}}))
     """, stderr=stderr)
     assert out[0]["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and out[0]["same"]
     assert out[0]["owns"] and out[0]["ip"] == "127.0.0.1"
@@ -66,6 +74,9 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
     # Quiet, and still protected: no banner about token auth, which stays on.
     assert out[0]["token_auth"] and "Token authentication" not in stderr[0], stderr[0]
     assert out[1] == {"ray_up_at_exit": False}
+    assert (out[0]["helper"] is not None) == local_start
+    if local_start:  # the helper stops Ray's daemons after the trainer's exit, then exits
+        assert wait_until(lambda: not os.path.exists(f"/proc/{out[0]['helper']}"), 30)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 DATASETS = {
     "map": lambda: AugmentedDataset(48),
-    "iterable_with_state_dict": lambda: StatefulIterable(48),
+    # Longer: an IterableDataset is read ahead freely, in calls of up to 8 tasks, and a
+    # worker moves only between two calls.
+    "iterable_with_state_dict": lambda: StatefulIterable(240),
     "iterable_without_state_dict": lambda: ShardedIterable(45),
 }
 

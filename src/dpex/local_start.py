@@ -41,7 +41,7 @@ import ray
 import torch
 
 from dpex import cluster
-from dpex.local_workers import LocalActor, wait
+from dpex.local_workers import LOCAL_NODE, LocalActor, wait
 
 if TYPE_CHECKING:
     from dpex.lifecycle import ProcessHandle
@@ -75,7 +75,7 @@ class LocalStart:
 
         for _ in range(count):
             self._proc_serial += 1
-            self._procs.append(ProcessHandle(LocalActor(dataset, config), None,
+            self._procs.append(ProcessHandle(LocalActor(dataset, config), LOCAL_NODE,
                                              self._proc_serial))
         self._local_twins: dict[ProcessHandle, ProcessHandle] = {}  # Ray process -> local
         cluster.start_head_in_background()

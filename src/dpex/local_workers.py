@@ -24,6 +24,7 @@ import ray
 
 from dpex.worker import Worker
 
+LOCAL_NODE = "local"  # the node id of a local process, in ``loader.stats().per_node`` too
 _METHODS = ("begin", "fetch", "drop", "reset_epoch", "rewind", "release", "ready")
 _MIXED_POLL_S = 0.002  # while Ray calls and local ones are awaited together
 
@@ -82,7 +83,7 @@ class LocalActor:
     def _call(self, name: str, args: tuple) -> LocalRef:
         ref = LocalRef(self)
         if name == "ready":  # answered here: it has no Ray node
-            ref._resolve(True, (None, self.process.pid))
+            ref._resolve(True, (LOCAL_NODE, self.process.pid))
             return ref
         call_id = next(self._ids)
         self._pending[call_id] = ref
@@ -134,7 +135,7 @@ def _serve(conn: Any, dataset: Any, config: Any) -> None:
                     worker._set_niceness(niceness)
                 worker._begin(dataset if data is None else data,
                               config if conf is None else conf, worker_id, resume, replay)
-                value = (None, os.getpid(), worker.niceness_denied)
+                value = (LOCAL_NODE, os.getpid(), worker.niceness_denied)
             else:
                 value = getattr(worker, name)(*args)
             reply = (call_id, True, value)
