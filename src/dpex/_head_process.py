@@ -6,7 +6,6 @@ not torch: ``python _head_process.py NICENESS``.
 """
 
 import importlib.util
-import logging
 import os
 import sys
 
@@ -21,14 +20,9 @@ def _ray_internals():
 
 
 def main() -> None:
-    niceness = int(sys.argv[1])
-    internals = _ray_internals()
     import ray
 
-    with internals.loopback_only(), internals.quiet_token_auth_banner():
-        context = ray.init(address="local", include_dashboard=False,
-                           logging_level=logging.WARNING,
-                           _system_config={"worker_niceness": niceness})
+    context = _ray_internals().start_embedded_ray(int(sys.argv[1]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)
     sys.stdin.read()  # until the trainer closes it, or dies

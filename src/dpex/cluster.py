@@ -170,17 +170,11 @@ def _join_recorded_or_start_embedded() -> None:
 
 def _start_embedded() -> None:
     global _embedded_started
-    with ray_internals.loopback_only(), ray_internals.quiet_token_auth_banner():
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-            # Workers import what the driver imports: keep the driver's path importable.
-            runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}},
-            # Ray starts workers at niceness 15 and an unprivileged worker cannot lower it:
-            # on the embedded Ray they start at the trainer's, as torch's forked workers do.
-            _system_config={"worker_niceness": os.getpriority(os.PRIO_PROCESS, 0)},
-        )
+    # Workers import what the driver imports: keep the driver's path importable. They start
+    # at the trainer's niceness, as torch's forked workers do.
+    ray_internals.start_embedded_ray(
+        os.getpriority(os.PRIO_PROCESS, 0),
+        runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
     _embedded_started = True
     atexit.register(_stop_embedded)
 

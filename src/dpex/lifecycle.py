@@ -1,7 +1,7 @@
 """The processes of one iterator: starting them, recovering from their deaths, moving
 logical workers between them, releasing them. The protocol is the NOTE in remote_iter.py
 (recovery) and elastic.py (moves); this module is its process half, mixed into
-``_RayDataLoaderIter``, which keeps dispatch and receiving.
+``_RayDataLoaderIter`` beside dispatch.py, receive.py and local_start.py.
 """
 
 from __future__ import annotations

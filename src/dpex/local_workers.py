@@ -103,6 +103,13 @@ class LocalActor:
         except (EOFError, OSError):
             self._fail_all()
 
+    def refresh(self, timeout: float = 0.0) -> None:
+        """``pump``; and if the process has exited, fail the calls it will never answer."""
+        self.pump(timeout)
+        if not self.dead and not self.process.is_alive():
+            self.pump()  # what it sent before it exited
+            self._fail_all()
+
     def _fail_all(self) -> None:
         self.dead = True
         error = LocalProcessDied(f"dpex local worker process {self.process.pid} exited "
@@ -155,13 +162,9 @@ def get(ref: Any, timeout: float | None = None) -> Any:
     if not isinstance(ref, LocalRef):
         return ray.get(ref, timeout=timeout)
     if not ref.done:
-        ref.owner.pump(0.0 if timeout is None else timeout)
+        ref.owner.refresh(0.0 if timeout is None else timeout)
         while not ref.done and timeout is None:
-            ref.owner.pump(1.0)
-            if not ref.done and not ref.owner.process.is_alive():
-                ref.owner.pump(0.0)
-                if not ref.done:
-                    ref.owner._fail_all()
+            ref.owner.refresh(1.0)
     if not ref.done:
         raise ray.exceptions.GetTimeoutError("a local worker's reply is not there yet")
     if ref.error is not None:
@@ -180,10 +183,7 @@ def wait(refs: list[Any], num_returns: int = 1, timeout: float | None = None
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         for owner in owners:
-            owner.pump()
-            if not owner.process.is_alive():
-                owner.pump()
-                owner._fail_all()
+            owner.refresh()
         ready = [r for r in local if r.done]
         if remote:
             ready += ray.wait(remote, num_returns=len(remote), timeout=0)[0]
@@ -193,6 +193,6 @@ def wait(refs: list[Any], num_returns: int = 1, timeout: float | None = None
             return ready, [r for r in refs if r not in ready]
         slice_s = _MIXED_POLL_S if remote else (1.0 if left is None else min(1.0, left))
         if remote:
-            ray.wait(remote, num_returns=1, timeout=min(slice_s, left if left else slice_s))
+            ray.wait(remote, num_returns=1, timeout=slice_s if left is None else min(slice_s, left))
         else:
             wait_for_connections([o.conn for o in owners if not o.dead], timeout=slice_s)

@@ -86,6 +86,17 @@ def quiet_token_auth_banner() -> Iterator[None]:
         logger.setLevel(saved)
 
 
+def start_embedded_ray(niceness: int, **init_kwargs):
+    """``ray.init`` of the embedded Ray: a new local node bound to loopback, no dashboard,
+    without the token-auth banner, its workers started at ``niceness`` (Ray's own default
+    is 15, which an unprivileged worker cannot lower). Used by the trainer (cluster.py) and
+    by the helper process that starts the head for a local start (_head_process.py)."""
+    with loopback_only(), quiet_token_auth_banner():
+        return ray.init(address="local", include_dashboard=False,
+                        logging_level=logging.WARNING,
+                        _system_config={"worker_niceness": niceness}, **init_kwargs)
+
+
 # ----------------------------------------------------------------------------- token auth
 
 

@@ -1,0 +1,137 @@
+"""Receiving results: in torch's order (or as they come, ``in_order=False``), with the
+loop's data stalls measured and worker deaths noticed. The protocol is the NOTE in
+remote_iter.py; this module is its receiving half, mixed into ``_RayDataLoaderIter``, which
+keeps epoch control (dispatch.py sends the tasks).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ray.exceptions import (
+    ActorUnschedulableError,
+    GetTimeoutError,
+    ObjectLostError,
+    RayActorError,
+)
+
+from dpex.local_workers import LocalProcessDied, get, wait
+from dpex.resume import WorkerPosition
+from dpex.worker import END, TaskResult
+
+# How long one wait on Ray may block before the iterator checks on starting workers.
+_WAIT_SLICE_S = 1.0
+
+
+class Receive:
+    """The receiving half of ``_RayDataLoaderIter`` (which sets the attributes used here)."""
+
+    def _next_result(self) -> tuple[TaskResult, int]:
+        """The next result and its worker id, honouring ``in_order``; StopIteration at the end."""
+        while True:
+            if not self._in_order and self._arrivals:
+                return self._hand_out(self._arrivals.popleft())
+            # Skip tasks that went to a replica which ran out before reaching them.
+            while self._rcvd_idx < self._send_idx:
+                worker_id = self._task_worker.get(self._rcvd_idx)
+                if worker_id is not None and (
+                    self._rcvd_idx in self._results or self._slots[worker_id].active
+                ):
+                    break
+                self._task_worker.pop(self._rcvd_idx, None)
+                self._rcvd_idx += 1
+            else:
+                self._record.complete = True
+                if not self._persistent_workers:
+                    self._shutdown_workers(reuse=True, epoch_done=True)
+                raise StopIteration
+            if self._in_order and self._rcvd_idx in self._results:
+                if self._arrivals and self._arrivals[0] == self._rcvd_idx:
+                    self._arrivals.popleft()
+                return self._hand_out(self._rcvd_idx)
+            self._submit_for(self._rcvd_idx if self._in_order else None)
+            target = self._task_ref.get(self._rcvd_idx) if self._in_order else None
+            self._receive(target)
+
+    def _hand_out(self, task_id: int) -> tuple[TaskResult, int]:
+        # With in_order=False, handed-out ids are skipped later by _next_result's scan.
+        if self._in_order:
+            self._rcvd_idx += 1
+        return self._results.pop(task_id), self._task_worker.pop(task_id)
+
+    def _receive(self, target: Any | None) -> None:
+        """Block until the call holding ``target`` (or, if None, any call) is filed.
+
+        The wait is sliced so that starting workers are watched; ``timeout`` counts from the
+        moment no worker is starting (a Ray actor takes seconds to start; a torch worker
+        process does not, and torch's timeout is meant for a slow batch). The time spent
+        waiting for a reply that was not there yet adds to ``self._stalled`` (a data stall,
+        what autoscaling reads); receiving a reply that was there does not.
+        """
+        if target is not None and self._collect(target, timeout=0):
+            return  # it was there: no stall
+        deadline = None
+        while True:
+            starting = {s.ready_ref: s for s in self._slots if s.ready_ref is not None}
+            starting.update({p.ready_ref: p for p in self._procs if p.ready_ref is not None})
+            if self._timeout > 0 and (deadline is None or starting):
+                deadline = time.monotonic() + self._timeout
+            slice_s = _WAIT_SLICE_S
+            if deadline is not None:
+                slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
+            refs = [target] if target is not None else list(self._calls)
+            waiting = time.perf_counter()
+            ready, _ = wait(refs + list(starting), num_returns=1, timeout=slice_s)
+            self._stalled += time.perf_counter() - waiting
+            if ready:
+                for ref in ready:
+                    if ref in starting:
+                        if starting[ref].ready_ref is ref:  # not re-begun by a recovery
+                            self._on_started(starting[ref])
+                    elif ref in self._calls:  # not dropped by a recovery just now
+                        self._collect(ref, timeout=None)
+                if any(ref not in starting for ref in ready):
+                    return
+            self._check_start_deadlines()
+            self._control_step()  # a long wait is when moves and more processes help most
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+
+    def _collect(self, ref: Any, timeout: float | None) -> bool:
+        """File the results of the call ``ref``; False if it is not done within ``timeout``."""
+        try:
+            results: list[TaskResult] = get(ref, timeout=timeout)
+        except GetTimeoutError:
+            return False
+        except (RayActorError, ObjectLostError, LocalProcessDied) as exc:
+            # The process died, or its node did and took the result with it.
+            slot = self._calls[ref][0]
+            if isinstance(exc, RayActorError):
+                self._raise_if_start_failed(slot, exc)
+            self._recover(slot.process, exc)
+            return True
+        except ActorUnschedulableError as exc:
+            self._on_unschedulable(self._calls[ref][0], exc)
+            return True
+        slot, _task_ids = self._calls.pop(ref)
+        for result in results:
+            index = slot.in_flight.pop(result.task_id)
+            self._task_ref.pop(result.task_id, None)
+            self._tasks_outstanding -= 1
+            slot.position = WorkerPosition(result.rng_state, result.dataset_state)
+            slot.process.record(result.busy_s)
+            if self._is_iterable:
+                slot.replay_log.append(index)
+            if result.kind == END:
+                # torch's _IterableDatasetStopIteration: the replica is done for this epoch.
+                slot.active = False
+                self._task_worker.pop(result.task_id, None)
+                self._torch_dispatched += 1  # torch, too, dispatches one more on this news
+                self._fill()
+            else:
+                self._results[result.task_id] = result
+                self._arrivals.append(result.task_id)
+        if slot.moving_to is not None and not slot.in_flight:
+            self._finish_move(slot)
+        return True
