@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dpex-installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-versions bench clean
 
 install: $(STAMP)
 
@@ -27,8 +27,15 @@ demo: install
 test: install
 	$(PY) -m pytest -q -ra
 
+# The corners of the supported versions (oldest: Python 3.10, torch 2.4, Ray 2.40; newest:
+# torch 2.15, Ray 2.60), each in its own .venv-versions/<corner>, each running the version
+# subset of the suite. CORNERS="oldest" runs one. See scripts/test_versions.sh.
+CORNERS ?= oldest newest
+test-versions:
+	bash scripts/test_versions.sh $(CORNERS)
+
 bench: install
 	$(VENV)/bin/dpex bench
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-versions build dist src/*.egg-info .pytest_cache

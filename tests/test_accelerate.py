@@ -82,3 +82,31 @@ def test_a_result_dpex_cannot_reach_inside_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         integration.keep_on_ray(object(), loader)
+
+
+def test_plain_accelerate_swapping_in_torchs_loader_warns_once():
+    """Plain ``accelerate.Accelerator`` rebuilds a dpex loader as torch's: one warning that
+    names what to use instead; none for dpex's own Accelerator, none for a loader that was
+    torch's anyway (``distribute_mode=False``)."""
+    import accelerate
+
+    import dpex
+    from dpex.integrations import accelerate as integration
+    from dpex.integrations import rebuilt
+
+    rebuilt._warned = False
+    local = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=1)
+    on_ray = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=1, distribute_mode=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        accelerate.Accelerator(cpu=True).prepare(local)
+        kept = integration.Accelerator(cpu=True).prepare(on_ray)
+        assert isinstance(kept.base_dataloader, dpex.DataLoader)
+    with pytest.warns(UserWarning, match="torch's local worker processes") as caught:
+        swapped = accelerate.Accelerator(cpu=True).prepare(on_ray)
+    assert type(swapped.base_dataloader) is torch.utils.data.DataLoader
+    assert "dpex.integrations.accelerate.Accelerator" in str(caught[0].message)
+    assert caught[0].filename == __file__  # points at the user's prepare() call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        accelerate.Accelerator(cpu=True).prepare(on_ray)

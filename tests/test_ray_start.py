@@ -1,7 +1,7 @@
 """Clusters started the way users start them, joined the way users join them.
 
-A head from ``ray start --head`` (Ray's defaults: token authentication on, its address
-recorded for ``ray.init()``), a second node from ``ray start --address`` carrying a custom
+A head from ``ray start --head`` (Ray's defaults: token authentication on where Ray has
+it, its address recorded for ``ray.init()``), a second node from ``ray start --address`` carrying a custom
 resource, each in its own process group and stopped by its id. The second node runs in a
 mount namespace in which the user's project directory is empty, as on another machine: its
 workers cannot import the project's modules from disk.
@@ -27,7 +27,11 @@ import pytest
 
 from conftest import free_port, user_env
 
+from dpex import compat
+
 pytestmark = pytest.mark.cluster
+TOKEN_AUTH = compat.has_token_auth()  # Rays before token authentication join without one
+needs_token_auth = pytest.mark.skipif(not TOKEN_AUTH, reason="this Ray has no token auth")
 
 BIN = os.path.dirname(sys.executable)
 RECORD = "/tmp/ray/ray_current_cluster"  # where `ray start` records the address (Ray's default)
@@ -186,8 +190,9 @@ def cluster(tmp_path_factory):
     port = free_port()
     # Ray's token auth: the first ray.init() on a machine makes a token; a machine that has
     # never run one makes it so (`ray start --head` turns auth on when a token exists).
-    subprocess.run([os.path.join(BIN, "ray"), "get-auth-token", "--generate"], env=env,
-                   capture_output=True, check=True, timeout=60)
+    if TOKEN_AUTH:
+        subprocess.run([os.path.join(BIN, "ray"), "get-auth-token", "--generate"], env=env,
+                       capture_output=True, check=True, timeout=60)
     procs = RayStart()
     hidden = can_hide_directories()
     try:
@@ -199,7 +204,7 @@ def cluster(tmp_path_factory):
                 ] if hidden else []
         procs.run([f"--address=127.0.0.1:{port}", "--num-cpus=1", '--resources={"far": 1}',
                    f"--dashboard-agent-listen-port={free_port()}"],
-                  {**env, "RAY_AUTH_MODE": "token"}, wrap=wrap)
+                  {**env, "RAY_AUTH_MODE": "token"} if TOKEN_AUTH else env, wrap=wrap)
         yield {"address": f"127.0.0.1:{port}", "project": project, "hidden": hidden}
     finally:
         procs.stop()
@@ -308,12 +313,14 @@ def test_nothing_listening(cluster):
     assert_fails_fast(train(cluster, f"--head-address={address}"), address, "nothing answers")
 
 
+@needs_token_auth
 def test_machine_without_the_token(cluster, tmp_path):
     out = train(cluster, f"--head-address={cluster['address']}", HOME=str(tmp_path))
     assert_fails_fast(out, cluster["address"], "no Ray token", "ray get-auth-token",
                       str(tmp_path / ".ray" / "auth_token"))
 
 
+@needs_token_auth
 def test_another_clusters_token(cluster):
     out = train(cluster, f"--head-address={cluster['address']}", RAY_AUTH_TOKEN="not-the-token")
     assert_fails_fast(out, cluster["address"], "refused the token", "RAY_AUTH_TOKEN")

@@ -1,12 +1,16 @@
 """dpex: a drop-in ``torch.utils.data.DataLoader`` whose workers run as Ray actors."""
 
-from dpex import distributed
-from dpex.dataloader import DataLoader, DpexDataLoader
-from dpex.placement import WorkerOptions
-from dpex.pool import shutdown_pool
-from dpex.scaling import Autoscale
-from dpex.stats import StatsSnapshot
-from dpex.worker_info import get_worker_info
+from dpex import compat
+
+compat.check_supported_versions()  # before anything else touches torch's or Ray's internals
+
+from dpex import distributed  # noqa: E402
+from dpex.dataloader import DataLoader, DpexDataLoader  # noqa: E402
+from dpex.placement import WorkerOptions  # noqa: E402
+from dpex.pool import shutdown_pool  # noqa: E402
+from dpex.scaling import Autoscale  # noqa: E402
+from dpex.stats import StatsSnapshot  # noqa: E402
+from dpex.worker_info import get_worker_info  # noqa: E402
 
 __all__ = [
     "Autoscale",

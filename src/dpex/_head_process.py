@@ -10,10 +10,10 @@ import os
 import sys
 
 
-def _ray_internals():
-    """dpex's ``ray_internals`` module, loaded alone (``import dpex`` would import torch)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_internals.py")
-    spec = importlib.util.spec_from_file_location("_dpex_ray_internals", path)
+def _compat():
+    """dpex's ``compat`` module, loaded alone (``import dpex`` would import torch)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat.py")
+    spec = importlib.util.spec_from_file_location("_dpex_compat", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -22,7 +22,7 @@ def _ray_internals():
 def main() -> None:
     import ray
 
-    context = _ray_internals().start_embedded_ray(int(sys.argv[1]))
+    context = _compat().start_embedded_ray(int(sys.argv[1]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)
     sys.stdin.read()  # until the trainer closes it, or dies

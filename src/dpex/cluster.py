@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 import ray
 
-from dpex import ray_internals
+from dpex import compat
 from dpex.embedded_head import EmbeddedHead
 
 _lock = threading.Lock()
@@ -70,7 +70,7 @@ def would_start_embedded(head_address: str | None) -> bool:
     env_address = os.environ.get("RAY_ADDRESS")
     if env_address:
         return env_address == "local"
-    recorded = ray_internals.recorded_cluster_address()
+    recorded = compat.recorded_cluster_address()
     if not recorded:
         return True
     try:
@@ -106,7 +106,7 @@ def join_head_if_up() -> bool:
 
 def _join_head(address: str) -> None:
     global _embedded_started
-    with ray_internals.loopback_only(), ray_internals.quiet_token_auth_banner():
+    with compat.loopback_only(), compat.quiet_token_auth_banner():
         join(address, runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
     _embedded_started = True
 
@@ -138,7 +138,7 @@ def _join_or_start_embedded() -> None:
     elif env_address and env_address != "auto":
         join(env_address)
     elif env_address == "auto":  # Ray's meaning: the cluster `ray start` recorded, or fail
-        recorded = ray_internals.recorded_cluster_address()
+        recorded = compat.recorded_cluster_address()
         if not recorded:
             raise ConnectionError(
                 "RAY_ADDRESS=auto, but no Ray cluster was started on this machine with "
@@ -150,7 +150,7 @@ def _join_or_start_embedded() -> None:
 
 
 def _join_recorded_or_start_embedded() -> None:
-    recorded = ray_internals.recorded_cluster_address()
+    recorded = compat.recorded_cluster_address()
     if recorded:
         try:
             _check_reachable(recorded)
@@ -172,7 +172,7 @@ def _start_embedded() -> None:
     global _embedded_started
     # Workers import what the driver imports: keep the driver's path importable. They start
     # at the trainer's niceness, as torch's forked workers do.
-    ray_internals.start_embedded_ray(
+    compat.start_embedded_ray(
         os.getpriority(os.PRIO_PROCESS, 0),
         runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
     _embedded_started = True
@@ -221,7 +221,7 @@ def _check_joinable(address: str) -> None:
     """
     try:
         versions = _versions_with_token_if_needed(address)
-    except ray_internals.TokenRejected as exc:
+    except compat.TokenRejected as exc:
         raise _token_error(address, exc) from None
     except ConnectionError as exc:
         raise ConnectionError(
@@ -235,22 +235,22 @@ def _check_joinable(address: str) -> None:
 
 def _versions_with_token_if_needed(address: str) -> dict | None:
     try:
-        return ray_internals.cluster_versions(address, None, CONNECT_TIMEOUT_S)
-    except ray_internals.TokenRejected:
-        token = ray_internals.find_token()
+        return compat.cluster_versions(address, None, CONNECT_TIMEOUT_S)
+    except compat.TokenRejected:
+        token = compat.find_token()
         if token is None or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
             raise
-    versions = ray_internals.cluster_versions(address, token, CONNECT_TIMEOUT_S)
-    ray_internals.enable_token_auth()
+    versions = compat.cluster_versions(address, token, CONNECT_TIMEOUT_S)
+    compat.enable_token_auth()
     return versions
 
 
 def _token_error(address: str, cause: Exception) -> ConnectionError:
-    where = ray_internals.token_source()
+    where = compat.token_source()
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         fix = ("RAY_AUTH_MODE=disabled in this environment turns token authentication off; "
                "unset it.")
-    elif ray_internals.find_token() is None:
+    elif compat.find_token() is None:
         fix = (f"this machine has no Ray token: Ray looks in RAY_AUTH_TOKEN, then the file "
                f"RAY_AUTH_TOKEN_PATH names, then ~/.ray/auth_token. Copy the cluster's token "
                f"(`ray get-auth-token` on its head node) to {where}.")
@@ -265,7 +265,7 @@ def _token_error(address: str, cause: Exception) -> ConnectionError:
 
 def _check_versions(address: str, versions: dict) -> None:
     theirs = versions.get("ray_version"), versions.get("python_version")
-    ours = ray_internals.driver_versions()
+    ours = compat.driver_versions()
     if theirs != ours:
         raise ConnectionError(
             f"dpex could not join the Ray cluster at {address!r}: it runs Ray {theirs[0]} on "

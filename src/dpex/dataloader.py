@@ -8,6 +8,7 @@ With ``distribute_mode=False`` (the default) every iteration is torch's own code
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
+from dpex import compat
+from dpex.integrations import rebuilt
 from dpex.placement import WorkerOptions
 from dpex.resume import (
     PADDING,
@@ -28,6 +31,8 @@ from dpex.resume import (
 from dpex.stats import LoaderStats, StatsSnapshot
 
 __all__ = ["DataLoader", "DpexDataLoader"]
+
+_HAS_IN_ORDER = compat.dataloader_has_in_order()
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -100,6 +105,9 @@ class DataLoader(torch.utils.data.DataLoader):
         self._resume_sampler: _ResumingIndexSampler | None = None
         self._ray_iterator = None
         self._torch_persistent_started = False
+        # torch before 2.6 has no ``in_order`` and yields in order: take it only where torch
+        # does, so that passing it to an older torch fails as torch's own loader would.
+        order = {"in_order": in_order} if in_order is not True or _HAS_IN_ORDER else {}
         super().__init__(
             dataset,
             batch_size=batch_size,
@@ -117,8 +125,22 @@ class DataLoader(torch.utils.data.DataLoader):
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
-            in_order=in_order,
+            **order,
         )
+        if not _HAS_IN_ORDER:
+            self.in_order = True
+
+    @property
+    def multiprocessing_context(self):
+        """torch's property, read as torch reads it. A read by accelerate's code means
+        accelerate is rebuilding this loader as torch's: ``dpex.integrations.rebuilt``."""
+        if self.__dict__.get("distribute_mode") and self.num_workers > 0:
+            rebuilt.note_read(sys._getframe(1))
+        return torch.utils.data.DataLoader.multiprocessing_context.fget(self)
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, value) -> None:
+        torch.utils.data.DataLoader.multiprocessing_context.fset(self, value)
 
     @property
     def _uses_ray(self) -> bool:

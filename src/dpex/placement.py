@@ -20,6 +20,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from dpex import compat
 from dpex.scaling import Autoscale
 
 
@@ -119,6 +120,12 @@ class WorkerOptions:
             raise ValueError(f"idle_timeout_s should be non-negative, got {self.idle_timeout_s}")
         if self.num_processes is not None and self.num_processes < 1:
             raise ValueError(f"num_processes should be at least 1, got {self.num_processes}")
+        if self.labels and not compat.has_label_selectors():
+            raise ValueError(
+                f"WorkerOptions(labels=...) needs Ray's label selectors, which Ray "
+                f"{ray.__version__} lacks: give the hosts a custom resource and ask for it "
+                f"with resources=..., or use a newer Ray"
+            )
         if self.autoscale is not None and not isinstance(self.autoscale, Autoscale):
             raise TypeError(f"autoscale should be a dpex.Autoscale, got {self.autoscale!r}")
         if not (self.niceness is None or self.niceness == "trainer"

@@ -65,6 +65,7 @@ from typing import Any
 
 import ray
 
+from dpex import compat
 from dpex.placement import WorkerOptions
 
 _RESERVING = ("num_cpus", "num_gpus", "memory", "resources")
@@ -195,8 +196,7 @@ def _freeze(value: Any) -> Any:
 def _current_session() -> tuple[str, str] | None:
     if not ray.is_initialized():
         return None
-    context = ray.get_runtime_context()
-    return context.get_session_name(), context.get_job_id()
+    return compat.session_name(), ray.get_runtime_context().get_job_id()
 
 
 def kill_quietly(actor: Any) -> None:

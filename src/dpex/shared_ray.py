@@ -20,6 +20,7 @@ from datetime import timedelta
 import ray
 import torch.distributed as dist
 
+from dpex import compat
 from dpex.cluster import ensure_ray
 from dpex.distributed import _ClusterInfo, _connect_as_source, _join
 
@@ -68,14 +69,11 @@ def connect(head_address: str | None) -> None:
 def _multi_rank_store() -> tuple[dist.Store | None, int]:
     """The default process group's store and this rank, in a job of 2 or more ranks.
 
-    torch has no public getter for the store the default group was built on (it holds the
-    rendezvous every rank already reached); this private one is the only call of it here.
+    torch has no public getter for that store (``compat.default_process_group_store``).
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None, 0
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    return _get_default_store(), dist.get_rank()
+    return compat.default_process_group_store(), dist.get_rank()
 
 
 def _publish(store: dist.Store, head_address: str | None) -> None:

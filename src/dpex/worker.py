@@ -30,7 +30,7 @@ from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
 from dpex.resume import WorkerPosition, dataset_state, restore_position
 from dpex.seeding import RngState, seed_worker
-from dpex.worker_info import clear_worker_info, set_worker_info, worker_info_hidden
+from dpex.compat import clear_worker_info, set_worker_info, worker_info_hidden
 
 # Outcome kinds of one task.
 DATA, ERROR, END = "data", "error", "end"

@@ -2,7 +2,8 @@
 
 ``accelerate.Accelerator.prepare(loader)`` rebuilds every DataLoader as its own
 ``DataLoaderShard`` around a new ``torch.utils.data.DataLoader`` built from torch's
-constructor arguments only, so a dpex loader silently becomes torch's. accelerate offers no
+constructor arguments only, so a dpex loader becomes torch's (plain accelerate gets one
+warning saying so: ``dpex.integrations.rebuilt``). accelerate offers no
 hook for the class it builds. Here, after accelerate has prepared a loader its own way
 (sharding across processes, device placement, RNG synchronisation), the torch loader
 inside the prepared one (its public ``base_dataloader``) is replaced by a dpex loader built
@@ -30,6 +31,7 @@ from accelerate.data_loader import DataLoaderAdapter
 from torch.utils.data import IterableDataset
 
 from dpex.dataloader import DataLoader as DpexDataLoader
+from dpex.integrations import rebuilt
 
 __all__ = ["Accelerator", "prepare"]
 
@@ -49,11 +51,14 @@ class Accelerator(accelerate.Accelerator):
     """
 
     def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
-        prepared = super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
+        with rebuilt.rebuild_expected():
+            prepared = super().prepare_data_loader(data_loader, device_placement,
+                                                   slice_fn_for_dispatch)
         return keep_on_ray(prepared, data_loader)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
-        skipped = super().skip_first_batches(dataloader, num_batches)
+        with rebuilt.rebuild_expected():
+            skipped = super().skip_first_batches(dataloader, num_batches)
         return keep_on_ray(skipped, getattr(dataloader, "base_dataloader", dataloader))
 
 
@@ -63,7 +68,8 @@ def prepare(accelerator: accelerate.Accelerator, *objects: Any) -> Any:
     For an Accelerator you did not create (a framework's). Returns what
     ``accelerator.prepare`` returns: one object, or a tuple in the order given.
     """
-    prepared = accelerator.prepare(*objects)
+    with rebuilt.rebuild_expected():
+        prepared = accelerator.prepare(*objects)
     results = prepared if len(objects) > 1 else (prepared,)
     kept = tuple(keep_on_ray(p, o) for p, o in zip(results, objects))
     return kept if len(objects) > 1 else kept[0]
@@ -78,6 +84,11 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
         return prepared
     if isinstance(prepared, DataLoaderAdapter):  # DataLoaderShard, DataLoaderDispatcher, ...
         prepared.base_dataloader = _dpex_like(prepared.base_dataloader, original)
+        # accelerate before 1.13 "adjusts" a loader's state under DDP by rewriting torchdata
+        # StatefulDataLoader's keys, which a dpex state does not have (KeyError); from 1.13
+        # it leaves a state without them alone. The method is accelerate's documented hook
+        # for a custom correction: a dpex state needs none (it records what was handed out).
+        prepared.adjust_state_dict_for_prefetch = _no_adjustment
         if hasattr(prepared, "dl_state_dict"):
             prepared.dl_state_dict = prepared.base_dataloader.state_dict()
         return prepared
@@ -87,6 +98,10 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
     return prepared
 
 
+def _no_adjustment() -> None:
+    pass
+
+
 def _dpex_like(base: torch.utils.data.DataLoader, original: DpexDataLoader) -> DpexDataLoader:
     """A dpex loader built as accelerate built ``base``, with ``original``'s dpex options."""
     kwargs: dict[str, Any] = dict(
@@ -94,7 +109,7 @@ def _dpex_like(base: torch.utils.data.DataLoader, original: DpexDataLoader) -> D
         timeout=base.timeout, worker_init_fn=base.worker_init_fn,
         multiprocessing_context=base.multiprocessing_context, generator=base.generator,
         prefetch_factor=base.prefetch_factor, persistent_workers=base.persistent_workers,
-        pin_memory_device=base.pin_memory_device, in_order=base.in_order,
+        pin_memory_device=base.pin_memory_device, in_order=getattr(base, "in_order", True),
         distribute_mode=original.distribute_mode, head_address=original.head_address,
         worker_options=original.worker_options,
     )
