@@ -116,7 +116,8 @@ run_corner() {
     set -e
     local minutes summary python
     minutes=$(awk "BEGIN { printf \"%.1f\", ($(date +%s) - $start) / 60 }")
-    summary=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -n 1 | tr -d '=')
+    summary=$(grep -E '^=* ?[0-9]+ (passed|failed)' "$log" | tail -n 1 | tr -d '=' |
+              sed -E 's/, [0-9]+ warnings?//; s/ in [0-9.]+s.*//; s/^ +//')
     python=$("$env/bin/python" -c 'import platform; print(platform.python_version())')
     RESULTS+=("| $corner | Python $python, $(versions_of "$env")| ${#VERSION_TESTS[@]} files | ${summary:-no summary} | $minutes |")
     return "$rc"
