@@ -125,7 +125,7 @@ def ray_local():
 # own (ray.shutdown() first). They run last, in this order, so that the local session above
 # starts once for the whole suite instead of again after each of them.
 REPLACE_THE_SESSION = ("test_webdataset.py", "test_cluster.py", "test_cluster_recovery.py",
-                       "test_cluster_elastic.py")
+                       "test_cluster_elastic.py", "test_autoscaler.py")
 
 
 def pytest_collection_modifyitems(items):

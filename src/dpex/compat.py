@@ -231,6 +231,48 @@ def has_label_selectors() -> bool:
     return False
 
 
+def cluster_has_autoscaler() -> bool:
+    """The connected cluster runs an autoscaler that can add nodes (Ray has no public way
+    to ask).
+
+    Every head runs Ray's monitor; without an autoscaling config it uses a read-only
+    provider, which names each node's type ``node_<node id>``. A real autoscaler knows its
+    nodes by the config's type names (the cluster launcher's, KubeRay's groups). Autoscaler
+    v1 publishes that mapping each round in the GCS (``__autoscaling_status``); v2 in its
+    cluster status. False before the monitor's first round (about a second after start).
+    """
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        if _internal_kv_get(b"__autoscaler_v2_enabled", namespace=b"__autoscaler") == b"1":
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            status = get_cluster_status(ray.get_runtime_context().gcs_address)
+            types = {n.node_id: n.ray_node_type_name
+                     for n in status.active_nodes + status.idle_nodes}
+        else:
+            raw = _internal_kv_get(b"__autoscaling_status")
+            report = json.loads(raw).get("autoscaler_report", {}) if raw else {}
+            types = report.get("node_type_mapping") or {}
+    except Exception:  # noqa: BLE001 - no answer: treat the cluster as fixed
+        return False
+    return any(name and name != f"node_{node_id}" for node_id, name in types.items())
+
+
+def request_cluster_resources(bundles: list[dict], label_selectors: list[dict]) -> None:
+    """Ask the cluster's autoscaler to make ``bundles`` fit (replacing the last request);
+    each bundle on nodes with the labels of the same index in ``label_selectors``. Rays
+    whose ``request_resources`` takes no label selectors get the bundles alone (their
+    autoscaler cannot choose nodes by label)."""
+    from ray.autoscaler.sdk import request_resources
+
+    if any(label_selectors) and "bundle_label_selectors" in inspect.signature(
+            request_resources).parameters:
+        request_resources(bundles=bundles, bundle_label_selectors=label_selectors)
+    else:
+        request_resources(bundles=bundles)
+
+
 # ----------------------------------------------------------------------------- token auth
 
 

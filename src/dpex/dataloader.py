@@ -104,6 +104,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._pending_resume: PendingResume | None = None
         self._resume_sampler: _ResumingIndexSampler | None = None
         self._ray_iterator = None
+        self._growth = None  # this loader's ask to the cluster's autoscaler (cluster_growth)
         self._torch_persistent_started = False
         # torch before 2.6 has no ``in_order`` and yields in order: take it only where torch
         # does, so that passing it to an older torch fails as torch's own loader would.
@@ -207,6 +208,21 @@ class DataLoader(torch.utils.data.DataLoader):
     @property
     def _base_index_sampler(self):
         return self.batch_sampler if self._auto_collation else self.sampler
+
+    def _cluster_growth(self):
+        """This loader's ``ClusterGrowth`` (one across its epochs), or None when it does not
+        grow the cluster: no ``Autoscale(grow_cluster=True)``, or no autoscaler."""
+        autoscale = self.worker_options.autoscale
+        if autoscale is None or not autoscale.grow_cluster:
+            return None
+        if self._growth is None and compat.cluster_has_autoscaler():
+            from dpex.cluster_growth import ClusterGrowth
+
+            top = min(autoscale.max_processes or self.num_workers, self.num_workers)
+            options = self.worker_options
+            self._growth = ClusterGrowth(options.num_cpus, dict(options.resources),
+                                         dict(options.labels), top, autoscale.max_cpus)
+        return self._growth
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, to resume mid-epoch in another process.

@@ -36,8 +36,12 @@ What decides (this module, on the training thread, at most once per window)
   * New nodes (fixed process count): when the loop waits and a node joined that placement
     by CPUs would use, one process moves there: a new one starts on it (watched), then the
     process on the most crowded node retires into it.
+  * Growing the cluster (``Autoscale(grow_cluster=True)`` on a cluster with an autoscaler):
+    a count above what the eligible nodes can host is asked of the autoscaler, and
+    processes start on the nodes as they join; see NOTE [ dpex Cluster Growth ].
   Every decision is logged in ``loader.stats()``: ``scaling_events`` and the process count
-  over time (``process_timeline``).
+  over time (``process_timeline``), and what was asked of the autoscaler
+  (``cluster_requests``).
 
 Across epochs
   A loader without persistent workers makes a new iterator per epoch; with autoscaling it
@@ -51,10 +55,12 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from dpex.cluster_growth import ADDED_NODE_KEEP_S
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
 from dpex.scaling import AutoscalePolicy, Window, allocate, median, plan_moves, processes_for
 
 if TYPE_CHECKING:
+    from dpex.cluster_growth import ClusterGrowth
     from dpex.lifecycle import ProcessHandle
     from dpex.remote_iter import _RayDataLoaderIter
 
@@ -71,7 +77,7 @@ class ElasticControl:
     """Decides process counts and moves for one ``_RayDataLoaderIter``; see the NOTE."""
 
     def __init__(self, it: _RayDataLoaderIter, options: WorkerOptions, num_workers: int,
-                 start_count: int | None) -> None:
+                 start_count: int | None, growth: ClusterGrowth | None = None) -> None:
         # A proxy, not a reference: the iterator must die when the user drops it (its
         # __del__ releases the processes), not wait for the cycle collector.
         self._it = weakref.proxy(it)
@@ -87,6 +93,40 @@ class ElasticControl:
         self._last: tuple[float, float, int] | None = None
         self._swap: tuple[ProcessHandle, ProcessHandle] | None = None  # (new, old) for a new node
         self._filling = False  # processes were added: move workers onto them once up
+        self._growth = growth if self._policy is not None else None
+        self._base_nodes: set[str] = set()  # eligible when the iterator began (not given back)
+        self._base_capacity = 0
+
+    def wait_for_nodes(self) -> None:
+        """Before the first processes start: with cluster growth and no eligible node yet
+        (a head that hosts no workers), ask for the first processes and wait for a node."""
+        nodes = eligible_node_cpus(self._options, self._it._picker.trainer_node_id)
+        if self._growth is not None and not nodes:
+            self._await_node(self.initial_processes(), "no node can host a worker yet")
+        else:
+            self._base_nodes = set(nodes)
+            self._base_capacity = self._it._picker.capacity(0)
+
+    def await_node_for_recovery(self, lost_node: str | None) -> None:
+        """A process on ``lost_node`` died: with cluster growth and no other eligible node,
+        keep asking and wait for the autoscaler's next node (Ray may still list the lost
+        one as alive). Without growth, return at once: placement decides."""
+        trainer = self._it._picker.trainer_node_id
+        if self._growth is None or set(eligible_node_cpus(self._options, trainer)) - {lost_node}:
+            return
+        self._await_node(max(self._growth.asked, len(self._live()), 1),
+                         "a node was lost and no other can host its workers", lost_node)
+
+    def _await_node(self, processes: int, reason: str, lost_node: str | None = None) -> None:
+        self._ask(processes, reason)
+        deadline = time.monotonic() + self._options.start_timeout_s
+        trainer = self._it._picker.trainer_node_id
+        while not set(eligible_node_cpus(self._options, trainer)) - {lost_node}:
+            if time.monotonic() > deadline:
+                raise NoEligibleNodeError(
+                    f"{self._it._picker.describe_request()}; the autoscaler added no such node "
+                    f"within start_timeout_s={self._options.start_timeout_s}")
+            time.sleep(0.5)
 
     def initial_processes(self) -> int:
         if self._policy is None:
@@ -106,6 +146,9 @@ class ElasticControl:
         now = time.monotonic()
         if self._filling and self._fill_new_processes():  # as soon as they answer
             return
+        if self._growth is not None:
+            self._growth.refresh()
+            self._follow_growth()
         if self._last is None:
             self._last = (now, stats.stall_s, stats.batches)
             return
@@ -121,7 +164,8 @@ class ElasticControl:
         self._drift_idle_speeds(procs)
         if self._policy is not None:
             capacity = self._it._picker.capacity(len(procs))
-            decision = self._policy.decide(window, len(procs), capacity)
+            grow_to = self._growth.limit if self._growth is not None else 0
+            decision = self._policy.decide(window, len(procs), capacity, grow_to)
             if decision is not None:
                 self._scale(len(procs), decision.processes, decision.reason)
                 return
@@ -137,7 +181,10 @@ class ElasticControl:
         stats = self._it._stats
         if target > current:
             added = 0
-            for _ in range(target - current):
+            capacity = self._it._picker.capacity(current)
+            if self._growth is not None and target > capacity:
+                self._ask(target, reason)
+            for _ in range(min(target, max(capacity, current)) - current):
                 try:
                     self._it._add_process(watch=True)
                     added += 1
@@ -150,6 +197,33 @@ class ElasticControl:
             for proc in chosen:
                 self._retire(proc)
             stats.record_scaling(current, current - len(chosen), reason)
+            if self._growth is not None and self._growth.asked:
+                self._ask(target if target > self._base_capacity else 0, reason)
+
+    def _ask(self, processes: int, reason: str) -> None:
+        """Ask the autoscaler for ``processes`` in all (0: withdraw), and log it."""
+        before = self._growth.asked
+        asked = self._growth.ask(processes)
+        if asked != before:
+            self._it._stats.record_cluster_request(self._growth.cpus, asked, reason)
+
+    def _follow_growth(self) -> None:
+        """Nodes the autoscaler added for this loader joined: start processes on them."""
+        live = self._live()
+        if self._growth.asked <= len(live) or self._filling or self._moving():
+            return
+        capacity = self._it._picker.capacity(len(live))
+        added = 0
+        for _ in range(min(self._growth.asked, capacity) - len(live)):
+            try:
+                self._it._add_process(watch=True)
+            except NoEligibleNodeError:
+                break
+            added += 1
+        if added:
+            self._filling = True
+            self._it._stats.record_scaling(len(live), len(live) + added,
+                                           "nodes the autoscaler added joined")
 
     def _fill_new_processes(self) -> bool:
         """Move workers onto processes that just started and host nothing yet."""
@@ -216,6 +290,8 @@ class ElasticControl:
     def _retire(self, proc: ProcessHandle, prefer: ProcessHandle | None = None) -> None:
         """Move ``proc``'s workers out (to ``prefer`` first, else by speed), then release it."""
         proc.retiring = True
+        if self._added_node(proc):
+            proc.keep_warm_s = 0.0
         self._it._count_processes()
         others = [p for p in self._live() if p.ready_ref is None]
         counts = {p: len(self._it._hosted(p)) for p in others}
@@ -231,6 +307,17 @@ class ElasticControl:
         if not self._it._hosted(proc):
             self._it._drop_process(proc, reuse=True)
 
+    def placed(self, proc: ProcessHandle) -> None:
+        """A process was started or taken from the pool for this iterator."""
+        if self._added_node(proc):
+            proc.keep_warm_s = ADDED_NODE_KEEP_S
+
+    def _added_node(self, proc: ProcessHandle) -> bool:
+        """``proc`` runs on a node that joined after this iterator began, while it may grow
+        the cluster: retire it first, and do not keep it warm, so the node can go idle."""
+        return (self._growth is not None and proc.node_id is not None
+                and proc.node_id not in self._base_nodes)
+
     def _retirable(self) -> list[ProcessHandle]:
         """Processes that can give all their workers away, in the order to retire them:
         those still starting or hosting nothing, then the slowest. One that has started
@@ -238,8 +325,10 @@ class ElasticControl:
         procs = self._live()
         started = [p for p in procs if p.ready_ref is None]
         empty = [p for p in procs if not self._it._hosted(p)]
+        # Processes on nodes that joined later first (they can then be given back).
         busy = sorted((p for p in started if p not in empty and all(
-            self._it._movable(s) for s in self._it._hosted(p))), key=lambda p: p.speed())
+            self._it._movable(s) for s in self._it._hosted(p))),
+            key=lambda p: (not self._added_node(p), p.speed()))
         keep = next((p for p in reversed(busy)), None) or next(iter(started), None)
         return [p for p in empty + busy if p is not keep]
 

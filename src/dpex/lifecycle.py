@@ -46,6 +46,10 @@ class ProcessHandle:
         self.start_deadline = 0.0
         self.dead = False
         self.retiring = False  # its logical workers are moving out; released when empty
+        # How long the pool may keep it idle once released; None: WorkerOptions.idle_timeout_s.
+        # Shorter on nodes the autoscaler added (cluster_growth.py: an idle actor keeps its
+        # node from being removed); 0 when it retires from such a node: killed.
+        self.keep_warm_s: float | None = None
         self.busy_s: float | None = None  # moving average of its time per task
         self.samples = 0
 
@@ -107,6 +111,7 @@ class ProcessLifecycle:
         name = f"dpex-{self._id}-process{self._proc_serial}"
         actor = POOL.acquire(_remote_worker_class(), self._options, node_id, name)
         proc = ProcessHandle(actor, node_id, self._proc_serial)
+        self._elastic.placed(proc)
         if watch:
             proc.ready_ref = proc.actor.ready.remote()
             proc.start_deadline = time.monotonic() + self._options.start_timeout_s
@@ -223,7 +228,10 @@ class ProcessLifecycle:
             else:
                 if replacement is None or replacement.dead:
                     try:
-                        # Prefer another node: Ray may not have noticed yet that this one is gone.
+                        # Prefer another node: Ray may not have noticed yet that this one is
+                        # gone. With cluster growth, wait for the autoscaler's next one if
+                        # no other is left.
+                        self._elastic.await_node_for_recovery(proc.node_id)
                         replacement = self._add_process(avoid={proc.node_id} - {None})
                     except NoEligibleNodeError:
                         self._shutdown_workers()
@@ -280,7 +288,7 @@ class ProcessLifecycle:
         if isinstance(proc.actor, LocalActor):
             proc.actor.stop()
         elif reuse and proc.ready_ref is None and not proc.dead:
-            POOL.release(proc.actor, self._options, proc.node_id)
+            POOL.release(proc.actor, self._options, proc.node_id, proc.keep_warm_s)
         else:
             kill_quietly(proc.actor)
         self._count_processes()
@@ -304,7 +312,7 @@ class ProcessLifecycle:
             if isinstance(proc.actor, LocalActor):
                 proc.actor.stop()
             elif keep:
-                POOL.release(proc.actor, self._options, proc.node_id)
+                POOL.release(proc.actor, self._options, proc.node_id, proc.keep_warm_s)
             else:
                 kill_quietly(proc.actor)
         self._procs = []

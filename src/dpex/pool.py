@@ -31,7 +31,8 @@ What is released when
     to start, is killed (``ray.kill``) as before.
   * Size: the pool never holds more actors than this process had busy at once (actors only
     enter it on release); each idle actor is killed ``idle_timeout_s`` (a ``WorkerOptions``
-    field, default 120 s) after its release, by a daemon reaper thread.
+    field, default 120 s) after its release, by a daemon reaper thread; sooner on a node
+    the autoscaler added for a loader (NOTE [ dpex Cluster Growth ]).
   * ``dpex.shutdown_pool()`` kills every idle actor now; an ``atexit`` hook (registered after
     Ray's own, so it runs before Ray stops) does the same at interpreter exit.
   * ``ray.shutdown()`` by the user: Ray kills the actors with the session; the pool notices
@@ -104,10 +105,13 @@ class WorkerPool:
         self.created += 1
         return actor_cls.options(name=name, **actor_options).remote()
 
-    def release(self, actor: Any, options: WorkerOptions, node_id: str | None) -> None:
-        """Take back an actor whose worker ended cleanly; kill it when it cannot be kept."""
+    def release(self, actor: Any, options: WorkerOptions, node_id: str | None,
+                keep_s: float | None = None) -> None:
+        """Take back an actor whose worker ended cleanly, for ``keep_s`` seconds at most
+        (None: ``options.idle_timeout_s``); kill it when it cannot be kept."""
+        keep_s = options.idle_timeout_s if keep_s is None else min(keep_s, options.idle_timeout_s)
         key = _key(options.actor_options(node_id), node_id)
-        if key is None or not options.reuse_processes or not ray.is_initialized():
+        if key is None or not options.reuse_processes or not ray.is_initialized() or keep_s <= 0:
             kill_quietly(actor)
             return
         try:
@@ -117,7 +121,7 @@ class WorkerPool:
             return
         with self._lock:
             self._check_session()
-            deadline = time.monotonic() + options.idle_timeout_s
+            deadline = time.monotonic() + keep_s
             self._idle.setdefault(key, []).append(_Idle(actor, deadline))
             self._ensure_reaper()
             self._wakeup.notify()

@@ -140,12 +140,14 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
                 slot.position = position
         self._procs: list[ProcessHandle] = []
         self._proc_serial = 0
-        self._elastic = ElasticControl(self, self._options, self._num_workers,
-                                       start_count=self._stats.processes or None)
+        self._elastic = ElasticControl(
+            self, self._options, self._num_workers, start_count=self._stats.processes or None,
+            growth=None if self._local_active else loader._cluster_growth())
         if self._local_active:
             self._start_locally(loader.dataset, self._raw_config,
                                 self._elastic.initial_processes())
         else:
+            self._elastic.wait_for_nodes()
             for _ in range(self._elastic.initial_processes()):
                 self._add_process(count=False)
         self._count_processes()

@@ -69,9 +69,16 @@ class Autoscale:
         stall_down: scale down only when it waited less than this share, and the smaller
             count is predicted to keep up with ``down_margin`` to spare (hysteresis: the
             two thresholds and the margin keep the count from oscillating).
+        grow_cluster: on a cluster with an autoscaler, ask it for nodes when more
+            processes would help and the eligible nodes have no CPU left (Ray's
+            ``request_resources``), and withdraw the request when the loop no longer
+            waits. Each process is asked for as one bundle of ``WorkerOptions.num_cpus``
+            (1 when unset) CPUs plus its ``resources``, on nodes with its ``labels``.
+        max_cpus: the most CPUs this loader may ask the autoscaler for (None: no cap
+            beyond ``max_processes``).
 
     Example:
-        >>> opts = Autoscale(min_processes=1, max_processes=8)
+        >>> opts = Autoscale(min_processes=1, max_processes=8, max_cpus=16)
     """
 
     min_processes: int = 1
@@ -80,6 +87,8 @@ class Autoscale:
     stall_up: float = 0.10
     stall_down: float = 0.02
     down_margin: float = 0.30
+    grow_cluster: bool = True
+    max_cpus: float | None = None
 
     def __post_init__(self) -> None:
         if self.min_processes < 1:
@@ -87,6 +96,8 @@ class Autoscale:
         if self.max_processes is not None and self.max_processes < self.min_processes:
             raise ValueError(f"max_processes ({self.max_processes}) should be at least "
                              f"min_processes ({self.min_processes})")
+        if self.max_cpus is not None and self.max_cpus <= 0:
+            raise ValueError(f"max_cpus should be positive, got {self.max_cpus}")
         if self.window_s <= 0:
             raise ValueError(f"window_s should be positive, got {self.window_s}")
         if not 0 <= self.stall_down < self.stall_up <= 1:
@@ -126,9 +137,12 @@ class AutoscalePolicy:
     def initial(self) -> int:
         return self.min_processes
 
-    def decide(self, window: Window, current: int, capacity: int) -> Decision | None:
+    def decide(self, window: Window, current: int, capacity: int,
+               grow_to: int = 0) -> Decision | None:
         """The new process count, or None to stay. ``capacity``: the most processes the
-        cluster can host now (its free CPUs plus the ones this loader already uses)."""
+        cluster can host now (its free CPUs plus the ones this loader already uses);
+        ``grow_to``: the most it may host once its autoscaler has added nodes (0: it has
+        none). A count above ``capacity`` is one to ask the autoscaler for."""
         if window.batches == 0 or window.elapsed_s <= 0:
             return None
         wait_s = min(window.wait_s, window.elapsed_s)  # a wait may have begun before the window
@@ -149,7 +163,7 @@ class AutoscalePolicy:
             procs = sorted(speeds, reverse=True)[:count] + [typical] * max(0, count - len(speeds))
             return throughput(procs, allocate(self.num_workers, procs))
 
-        top = min(self.ceiling, self.max_processes, max(capacity, current))
+        top = min(self.ceiling, self.max_processes, max(capacity, current, grow_to))
         if stall > self.options.stall_up and current < top:
             now = supply(current)
             helping = [c for c in range(current + 1, top + 1) if supply(c) > now * 1.05]

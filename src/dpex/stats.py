@@ -22,6 +22,16 @@ class ScalingEvent:
 
 
 @dataclass(frozen=True)
+class ClusterRequest:
+    """What the loader asked of the cluster's autoscaler (``Autoscale(grow_cluster=True)``)."""
+
+    at_s: float  # seconds since the loader's first batch was asked for
+    cpus: float  # CPUs asked for in all (0: the request was withdrawn)
+    processes: int  # the worker processes they are for
+    reason: str
+
+
+@dataclass(frozen=True)
 class StatsSnapshot:
     """What the loader has done so far (over all epochs unless noted).
 
@@ -44,6 +54,8 @@ class StatsSnapshot:
         processes: worker processes hosting the logical workers now (distributed mode).
         process_timeline: ``(elapsed_s, processes)`` at each change of the count.
         scaling_events: each elastic decision with its reason (``ScalingEvent``).
+        cluster_requests: each change of what the loader asked the cluster's autoscaler
+            for (``ClusterRequest``: when, how many CPUs, why).
         moves: logical workers moved from one process to another.
         niceness_denied: a worker could not take the asked niceness (needs privileges).
     """
@@ -61,6 +73,7 @@ class StatsSnapshot:
     processes: int = 0
     process_timeline: tuple[tuple[float, int], ...] = ()
     scaling_events: tuple[ScalingEvent, ...] = ()
+    cluster_requests: tuple[ClusterRequest, ...] = ()
     moves: int = 0
     niceness_denied: bool = False
     stall_s: float = 0.0
@@ -87,6 +100,8 @@ class StatsSnapshot:
             + (f", {self.worker_restarts} worker restarts" if self.worker_restarts else "")
             + (f", {self.processes} processes" if self.processes else "")
             + (f", {self.moves} worker moves" if self.moves else "")
+            + (f", asking the autoscaler for {self.cluster_requests[-1].cpus:g} CPUs"
+               if self.cluster_requests and self.cluster_requests[-1].cpus else "")
         )
 
 
@@ -107,6 +122,7 @@ class LoaderStats:
     processes: int = 0
     process_timeline: list = field(default_factory=list)
     scaling_events: list = field(default_factory=list)
+    cluster_requests: list = field(default_factory=list)
     moves: int = 0
     niceness_denied: bool = False
     stall_s: float = 0.0
@@ -145,6 +161,9 @@ class LoaderStats:
     def record_scaling(self, before: int, after: int, reason: str) -> None:
         self.scaling_events.append(ScalingEvent(self.elapsed(), before, after, reason))
 
+    def record_cluster_request(self, cpus: float, processes: int, reason: str) -> None:
+        self.cluster_requests.append(ClusterRequest(self.elapsed(), cpus, processes, reason))
+
     def snapshot(self) -> StatsSnapshot:
         elapsed = self.elapsed()
         return StatsSnapshot(
@@ -161,6 +180,7 @@ class LoaderStats:
             processes=self.processes,
             process_timeline=tuple(self.process_timeline),
             scaling_events=tuple(self.scaling_events),
+            cluster_requests=tuple(self.cluster_requests),
             moves=self.moves,
             niceness_denied=self.niceness_denied,
             stall_s=self.stall_s,
