@@ -1,7 +1,7 @@
 """Growing the cluster through Ray's real autoscaler (NOTE [ dpex Cluster Growth ]).
 
 A head from ``ray start --head --autoscaling-config`` with Ray's ``fake_multinode`` provider
-(tests/autoscaling_cluster.py): its autoscaler starts and ends real raylets on this
+(dpex/bench/autoscaling_head.py): its autoscaler starts and ends real raylets on this
 machine. The head has no CPU, so no worker can run there: every worker process needs a node
 the autoscaler adds. Node types: ``cpu`` (1 CPU, 0 to 2 nodes) and ``tagged`` (1 CPU and the
 custom resource ``preproc``, 0 to 1 node). The loaders join it by address, as a user's
@@ -21,7 +21,7 @@ import ray
 import torch
 
 import dpex
-from autoscaling_cluster import AutoscalingHead, cluster_has_autoscaler
+from dpex.bench.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
 from conftest import Job
 from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal
 from test_ddp import TESTS_DIR, hermetic_env

@@ -1,4 +1,4 @@
-"""A real Ray autoscaler on this machine, for tests: a head started by ``ray start --head``
+"""A real Ray autoscaler on this machine, for tests and `dpex bench`: a head started by ``ray start --head``
 with an autoscaling config for Ray's ``fake_multinode`` node provider.
 
 The autoscaler (the head's ``monitor.py``) launches and terminates "nodes" on this machine:
