@@ -149,6 +149,8 @@ def test_autoscaling_follows_the_training_loop_and_keeps_torchs_batches():
     assert any(b > a for a, b in changes), changes  # a hungry loop got more processes
     assert any(b < a for a, b in changes), changes  # and a slow one gave them back
     assert max(c for _, c in dl.stats().process_timeline) <= 4
+    # This Ray has no autoscaler: nothing was asked of one (tests/test_autoscaler.py).
+    assert dl.stats().cluster_requests == () and dl._growth is None
 
 
 def test_autoscaling_gives_processes_back_when_the_loop_waits_only_for_the_loaders_own_work():
