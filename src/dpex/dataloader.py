@@ -29,6 +29,7 @@ from dpex.resume import (
     skipping,
 )
 from dpex.stats import LoaderStats, StatsSnapshot
+from dpex.timeline import Timeline
 
 __all__ = ["DataLoader", "DpexDataLoader"]
 
@@ -101,6 +102,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.worker_options = worker_options or WorkerOptions()
         self._stats = LoaderStats()
         self._record = EpochRecord()
+        self._timeline = Timeline()
         self._pending_resume: PendingResume | None = None
         self._resume_sampler: _ResumingIndexSampler | None = None
         self._ray_iterator = None
@@ -223,6 +225,12 @@ class DataLoader(torch.utils.data.DataLoader):
             self._growth = ClusterGrowth(options.num_cpus, dict(options.resources),
                                          dict(options.labels), top, autoscale.max_cpus)
         return self._growth
+
+    def timeline(self) -> Timeline:
+        """Where each task's time went, in the last epochs (distributed mode): when it was
+        sent, started, finished, received by the trainer and delivered to the loop.
+        ``print(loader.timeline().summary())`` names the slowest stage (``dpex.timeline``)."""
+        return self._timeline
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, to resume mid-epoch in another process.

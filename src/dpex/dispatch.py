@@ -43,6 +43,7 @@ What changes, and what does not
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from dpex.resume import WorkerPosition
@@ -146,8 +147,11 @@ class Dispatch:
         slot.epoch_calls += 1
         ref = slot.actor.fetch.remote(tasks, slot.worker_id)
         self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
+        now = time.time()
         for task_id, _ in tasks:
             self._task_ref[task_id] = ref
+            self._timeline.sent(task_id, slot.worker_id, slot.process.serial,
+                                slot.process.node_id, now)
 
     def _rewind_read_ahead(self) -> None:
         """After a drain (every call collected): put each worker that ran past torch's

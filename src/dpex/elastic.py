@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any
 
 from dpex.cluster_growth import ADDED_NODE_KEEP_S
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
-from dpex.scaling import AutoscalePolicy, Window, allocate, median, plan_moves, processes_for
+from dpex.scaling import (AutoscalePolicy, Window, allocate, median, plan_moves, processes_for,
+                          without_reversals)
 
 if TYPE_CHECKING:
     from dpex.cluster_growth import ClusterGrowth
@@ -71,6 +72,7 @@ _MIN_GAIN = 1.3
 _WINDOW_S = 2.0  # without autoscaling
 _MIN_SAMPLES = 5  # tasks a process must have run before its speed is trusted
 _DRIFT = 0.05  # per window, how far an empty process's speed drifts toward the others'
+_REVERSAL_COOLDOWN_S = 30.0  # a worker does not move back to a process it left this recently
 
 
 class ElasticControl:
@@ -94,6 +96,7 @@ class ElasticControl:
         self._swap: tuple[ProcessHandle, ProcessHandle] | None = None  # (new, old) for a new node
         self._filling = False  # processes were added: move workers onto them once up
         self._growth = growth if self._policy is not None else None
+        self._recent_moves: list[tuple[float, int, Any, Any]] = []  # (when, worker, from, to)
         self._base_nodes: set[str] = set()  # eligible when the iterator began (not given back)
         self._base_capacity = 0
 
@@ -247,10 +250,15 @@ class ElasticControl:
         procs = [p for p in self._live() if p.ready_ref is None]
         hosted = [[s.worker_id for s in self._it._hosted(p)] for p in procs]
         movable = {s.worker_id for s in self._it._slots if self._it._movable(s)}
-        moves = plan_moves([p.speed() for p in procs], hosted, movable, min_gain,
-                           nodes=[p.node_id for p in procs])
+        planned = plan_moves([p.speed() for p in procs], hosted, movable, min_gain,
+                             nodes=[p.node_id for p in procs])
+        now = time.monotonic()
+        self._recent_moves = [m for m in self._recent_moves if now - m[0] < _REVERSAL_COOLDOWN_S]
+        moves = without_reversals([(w, procs[s], procs[d]) for w, s, d in planned],
+                                  self._recent_moves, now, _REVERSAL_COOLDOWN_S)
         for worker_id, src, dst in moves:
-            self._it._move(self._it._slots[worker_id], procs[dst])
+            self._it._move(self._it._slots[worker_id], dst)
+            self._recent_moves.append((now, worker_id, src, dst))
         if moves:
             speeds = ", ".join(f"process {p.serial}: "
                                + (f"{p.speed():.1f}/s" if p.speed() > 0 else "new") for p in procs)

@@ -16,7 +16,7 @@ from ray.exceptions import (
     RayActorError,
 )
 
-from dpex.local_workers import LocalProcessDied, get, wait
+from dpex.local_workers import LocalProcessDied, get, pull_ahead, wait
 from dpex.resume import WorkerPosition
 from dpex.worker import END, TaskResult
 
@@ -69,6 +69,7 @@ class Receive:
         waiting for a reply that was not there yet adds to ``self._stalled`` (a data stall,
         what autoscaling reads); receiving a reply that was there does not.
         """
+        self._pull_remote_results(target)
         if target is not None and self._collect(target, timeout=0):
             return  # it was there: no stall
         deadline = None
@@ -98,6 +99,20 @@ class Receive:
             if deadline is not None and time.monotonic() >= deadline:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
 
+    def _pull_remote_results(self, target: Any | None) -> None:
+        """Start pulling every result that is ready on another node now, not when its turn
+        in torch's order comes: a large batch from another node would otherwise begin its
+        transfer only once the loop asks for it (issue 18)."""
+        here = self._picker.trainer_node_id if self._picker is not None else None
+        remote = [ref for ref, (slot, _) in self._calls.items()
+                  if ref is not target and slot.process is not None
+                  and slot.process.node_id not in (None, here, "local")]
+        if remote:
+            now = time.time()
+            for ref in pull_ahead(remote):
+                for task_id in self._calls[ref][1]:
+                    self._timeline.arrived(task_id, now)
+
     def _collect(self, ref: Any, timeout: float | None) -> bool:
         """File the results of the call ``ref``; False if it is not done within ``timeout``."""
         try:
@@ -115,7 +130,9 @@ class Receive:
             self._on_unschedulable(self._calls[ref][0], exc)
             return True
         slot, _task_ids = self._calls.pop(ref)
+        now = time.time()
         for result in results:
+            self._timeline.received(result.task_id, result.finished_at, result.busy_s, now)
             index = slot.in_flight.pop(result.task_id)
             self._task_ref.pop(result.task_id, None)
             self._tasks_outstanding -= 1

@@ -98,6 +98,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._persistent_workers = loader.persistent_workers
         self._options: WorkerOptions = loader.worker_options
         self._stats = loader._stats
+        self._timeline = loader._timeline
         self._pin_memory = transport.pin_memory_enabled(loader.pin_memory, loader.pin_memory_device)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)
         self._generator = loader.generator
@@ -202,6 +203,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             itertools.cycle(range(self._num_workers)), skip % self._num_workers, None)
         self._record.delivered = skip
         self._stats.start_epoch()
+        self._timeline.start_epoch()
         for slot in self._slots:
             slot.active = True
             slot.num_tasks = 0
@@ -238,6 +240,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._stalled = 0.0
         result, worker_id = self._next_result()
         waited = time.perf_counter() - started
+        self._timeline.delivered(result.task_id, time.time())
         slot = self._slots[worker_id]
         self._stats.record_batch(waited, slot.worker_id, slot.node_id, stalled_s=self._stalled)
         self._record.deliver(worker_id, result.rng_state, result.dataset_state)

@@ -59,6 +59,7 @@ class TaskResult:
     rng_state: RngState | None
     dataset_state: Any = None  # IterableDataset.state_dict() after this task, if it has one
     busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
+    finished_at: float = 0.0  # wall clock when it finished (dpex.timeline)
 
 
 class _Replica:
@@ -258,7 +259,7 @@ class Worker:
             payload, kind = RemoteError.capture(replica.worker_id, index), ERROR
         state = dataset_state(replica.dataset) if replica.stateful and kind == DATA else None
         return TaskResult(task_id, kind, payload, RngState.capture(), state,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, time.time())
 
     def _set_niceness(self, niceness: int) -> None:
         """Run every thread of this process at ``niceness``; remember when the system refuses
