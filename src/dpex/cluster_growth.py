@@ -25,7 +25,7 @@ Nodes joining
 Giving back
   When the policy scales down, the loader lowers its ask to the new count (nothing at all
   once the nodes it started with suffice) and retires processes, those on nodes that joined
-  after it started first. Ray's autoscaler (v1 and v2) never removes a node that hosts an
+  after its first epoch began first (``base_nodes``: kept across its epochs). Ray's autoscaler (v1 and v2) never removes a node that hosts an
   actor, even an idle one with ``num_cpus=0`` (measured on this machine: still there 40 s
   past the idle timeout). So a process retired from such a node is killed, not pooled, and
   any other process there is kept warm at most ``ADDED_NODE_KEEP_S`` once released (long
@@ -47,6 +47,7 @@ import atexit
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from typing import Any
 
@@ -113,16 +114,23 @@ class _RequestBoard:
                 return
 
 
+_handle: Any = None  # this process's handle on the board (kept: Ray 2.40 loses calls
+# made through a handle that is dropped right away)
+
+
 def _board() -> Any:
     """The board, made where this process runs when none exists (never on a node that
     may be given back: it would keep that node busy)."""
-    node = ray.get_runtime_context().get_node_id()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    global _handle
+    if _handle is None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return _RequestBoard.options(
-        name=_BOARD_NAME, namespace=_NAMESPACE, get_if_exists=True, lifetime="detached",
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
-    ).remote()
+        node = ray.get_runtime_context().get_node_id()
+        _handle = _RequestBoard.options(
+            name=_BOARD_NAME, namespace=_NAMESPACE, get_if_exists=True, lifetime="detached",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
+        ).remote()
+    return _handle
 
 
 class ClusterGrowth:
@@ -135,6 +143,10 @@ class ClusterGrowth:
         self.limit = processes_within(max_processes, self._bundle["CPU"], max_cpus)
         self._requester = f"{uuid.uuid4().hex[:12]}"
         self.asked = 0  # processes asked for now
+        # The eligible nodes, and the processes they could host, when the loader began:
+        # never given back; processes on any other node are (elastic.py).
+        self.base_nodes: set[str] | None = None
+        self.base_capacity = 0
         self._refreshed = 0.0
         self._release = weakref.finalize(self, _put_quietly, self._requester, None)
         atexit.register(self._release)
@@ -167,14 +179,25 @@ class ClusterGrowth:
 
 
 def _put_quietly(requester: str, ask: Ask | None) -> None:
-    """Write an ask to the board; at exit or without Ray, skip quietly (the lease lapses)."""
+    """Write an ask to the board; at exit or without Ray, skip quietly (the lease lapses).
+    A request the autoscaler refused is said once: the loader goes on with the nodes it has."""
+    global _warned, _handle
     if not ray.is_initialized():
         return
-    for _ in range(2):  # the board may have just ended itself: make a new one once
+    for attempt in range(2):
         try:
             ray.get(_board().put.remote(requester, ask), timeout=30)
             return
-        except ray.exceptions.RayActorError:
-            continue
-        except Exception:  # noqa: BLE001 - a request is best effort; its lease lapses
+        except Exception as exc:  # noqa: BLE001 - growth is best effort; loading goes on
+            _handle = None  # the board ended itself, or Ray restarted: a new one, once
+            if attempt == 0 and isinstance(exc, (ray.exceptions.RayActorError,
+                                                 ray.exceptions.RaySystemError)):
+                continue
+            if not _warned:
+                _warned = True
+                warnings.warn(f"dpex: could not ask the cluster's autoscaler for nodes: {exc}",
+                              stacklevel=2)
             return
+
+
+_warned = False

@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -263,14 +264,21 @@ def request_cluster_resources(bundles: list[dict], label_selectors: list[dict]) 
     """Ask the cluster's autoscaler to make ``bundles`` fit (replacing the last request);
     each bundle on nodes with the labels of the same index in ``label_selectors``. Rays
     whose ``request_resources`` takes no label selectors get the bundles alone (their
-    autoscaler cannot choose nodes by label)."""
+    autoscaler cannot choose nodes by label); Rays that take only whole amounts (before
+    2.4x) get each fractional amount rounded up."""
     from ray.autoscaler.sdk import request_resources
 
+    whole = [{name: int(amount) if float(amount).is_integer() else amount
+              for name, amount in bundle.items()} for bundle in bundles]
+    kwargs = {}
     if any(label_selectors) and "bundle_label_selectors" in inspect.signature(
             request_resources).parameters:
-        request_resources(bundles=bundles, bundle_label_selectors=label_selectors)
-    else:
-        request_resources(bundles=bundles)
+        kwargs["bundle_label_selectors"] = label_selectors
+    try:
+        request_resources(bundles=whole, **kwargs)
+    except TypeError:  # "each bundle key should be str and value as int"
+        request_resources(bundles=[{name: math.ceil(amount) for name, amount in bundle.items()}
+                                   for bundle in whole], **kwargs)
 
 
 # ----------------------------------------------------------------------------- token auth

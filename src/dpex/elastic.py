@@ -97,18 +97,18 @@ class ElasticControl:
         self._filling = False  # processes were added: move workers onto them once up
         self._growth = growth if self._policy is not None else None
         self._recent_moves: list[tuple[float, int, Any, Any]] = []  # (when, worker, from, to)
-        self._base_nodes: set[str] = set()  # eligible when the iterator began (not given back)
-        self._base_capacity = 0
 
     def wait_for_nodes(self) -> None:
         """Before the first processes start: with cluster growth and no eligible node yet
         (a head that hosts no workers), ask for the first processes and wait for a node."""
+        if self._growth is None:
+            return
         nodes = eligible_node_cpus(self._options, self._it._picker.trainer_node_id)
-        if self._growth is not None and not nodes:
+        if self._growth.base_nodes is None:  # the loader's first epoch: what it started with
+            self._growth.base_nodes = set(nodes)
+            self._growth.base_capacity = self._it._picker.capacity(0)
+        if not nodes:
             self._await_node(self.initial_processes(), "no node can host a worker yet")
-        else:
-            self._base_nodes = set(nodes)
-            self._base_capacity = self._it._picker.capacity(0)
 
     def await_node_for_recovery(self, lost_node: str | None) -> None:
         """A process on ``lost_node`` died: with cluster growth and no other eligible node,
@@ -153,7 +153,10 @@ class ElasticControl:
             self._growth.refresh()
             self._follow_growth()
         if self._last is None:
-            self._last = (now, stats.stall_s, stats.batches)
+            # The first window starts at the epoch's first batch: waiting for processes to
+            # start is not a stall that more processes would cure.
+            if stats.epoch_batches > 0:
+                self._last = (now, stats.stall_s, stats.batches)
             return
         started, wait0, batches0 = self._last
         if now - started < self._window_s:
@@ -172,6 +175,7 @@ class ElasticControl:
             if decision is not None:
                 self._scale(len(procs), decision.processes, decision.reason)
                 return
+            self._withdraw_unmet_ask(window, len(procs))
         stalled = window.wait_s / window.elapsed_s > _STALLED
         if stalled and self._options.rebalance and self._ready_to_move():
             self._rebalance(_MIN_GAIN)
@@ -201,7 +205,7 @@ class ElasticControl:
                 self._retire(proc)
             stats.record_scaling(current, current - len(chosen), reason)
             if self._growth is not None and self._growth.asked:
-                self._ask(target if target > self._base_capacity else 0, reason)
+                self._ask(target if target > self._growth.base_capacity else 0, reason)
 
     def _ask(self, processes: int, reason: str) -> None:
         """Ask the autoscaler for ``processes`` in all (0: withdraw), and log it."""
@@ -209,6 +213,17 @@ class ElasticControl:
         asked = self._growth.ask(processes)
         if asked != before:
             self._it._stats.record_cluster_request(self._growth.cpus, asked, reason)
+
+    def _withdraw_unmet_ask(self, window: Window, current: int) -> None:
+        """The loop no longer stalls while part of the ask is still unmet (its nodes had not
+        joined yet): ask only for the processes running now."""
+        growth = self._growth
+        if growth is None or growth.asked <= current:
+            return
+        if window.wait_s / window.elapsed_s < self._options.autoscale.stall_down:
+            self._ask(current if current > growth.base_capacity else 0,
+                      f"training loop waited {window.wait_s / window.elapsed_s:.0%}: the "
+                      f"processes not started yet are no longer needed")
 
     def _follow_growth(self) -> None:
         """Nodes the autoscaler added for this loader joined: start processes on them."""
@@ -321,10 +336,11 @@ class ElasticControl:
             proc.keep_warm_s = ADDED_NODE_KEEP_S
 
     def _added_node(self, proc: ProcessHandle) -> bool:
-        """``proc`` runs on a node that joined after this iterator began, while it may grow
-        the cluster: retire it first, and do not keep it warm, so the node can go idle."""
+        """``proc`` runs on a node that joined after the loader's first epoch began, while it
+        may grow the cluster: retire it first, and do not keep it warm, so the node can go
+        idle."""
         return (self._growth is not None and proc.node_id is not None
-                and proc.node_id not in self._base_nodes)
+                and proc.node_id not in (self._growth.base_nodes or ()))
 
     def _retirable(self) -> list[ProcessHandle]:
         """Processes that can give all their workers away, in the order to retire them:

@@ -7,6 +7,7 @@ Example:
     dpex bench --workloads coldstart --loaders torch,dpex-ray --repeats 5
     dpex bench --report bench-results/results.json --plot docs/bench.png
     dpex bench --workloads scaleout,unequal,autoscale --nodes 1,2 --cores-per-node 1
+    dpex bench --workloads grow --repeats 2
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from pathlib import Path
 
 from dpex.bench.elastic import DEFAULT_WORKERS, ELASTIC_WORKLOADS
+from dpex.bench.grow import WORKLOAD as GROW
 from dpex.bench.runners import LOADERS
 from dpex.bench.suite import (ALL_WORKLOADS, DEFAULTS, SuiteConfig, load_results, run_suite,
                               write_results)
@@ -55,13 +57,15 @@ def _positive(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n")[0]
-    parser.add_argument("--workloads", type=_names((*ALL_WORKLOADS, *ELASTIC_WORKLOADS)),
+    parser.add_argument("--workloads", type=_names((*ALL_WORKLOADS, *ELASTIC_WORKLOADS, GROW)),
                         default=list(ALL_WORKLOADS),
                         help=f"comma-separated, from {','.join(ALL_WORKLOADS)} (default: all "
                              "of these; coldstart and startup compare torch and dpex-ray in "
                              "fresh processes) "
                              f"and {','.join(ELASTIC_WORKLOADS)} (elastic workers: only when "
-                             "named; scaleout and unequal start Ray nodes pinned to cores)")
+                             "named; scaleout and unequal start Ray nodes pinned to cores) "
+                             f"and {GROW} (only when named: an autoscaling Ray cluster on this "
+                             "machine, the node count following the loop's stalls)")
     parser.add_argument("--loaders", type=_names(LOADERS), default=list(LOADERS),
                         help=f"comma-separated, from {','.join(LOADERS)} (default: all)")
     parser.add_argument("--workers", type=_ints, default=None,

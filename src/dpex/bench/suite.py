@@ -1,9 +1,10 @@
 """The suite: every selected loader on every selected workload, in alternating order.
 
 The elastic workloads (``scaleout``, ``unequal``, ``autoscale``: only when named) run first,
-then the ``coldstart`` and ``startup`` workloads, before this process starts any Ray: their
-trainers are fresh processes of their own (``elastic.py``, which also starts the pinned Ray
-nodes they need; ``coldstart.py``; ``startup.py``). The others go through ``runners``:
+then ``grow`` (only when named), then the ``coldstart`` and ``startup`` workloads, before
+this process starts any Ray: their trainers are fresh processes of their own (``elastic.py``,
+which also starts the pinned Ray nodes they need; ``grow.py``, which starts an autoscaling
+head; ``coldstart.py``; ``startup.py``). The others go through ``runners``:
 
 For each workload and worker count, repeat ``repeats`` times: build every loader afresh and
 run its warm-up epoch (epoch 0), one after the other; then run the steady-state epochs in
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpex.bench import coldstart, elastic, env, report, runners, startup
+from dpex.bench import coldstart, elastic, env, grow, report, runners, startup
 from dpex.bench.workloads import WORKLOADS, make_workload
 
 #: Every workload ``dpex bench`` knows: the loader workloads, then the start-up runs.
@@ -97,6 +98,14 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
             size=config.size, epochs=epochs, repeats=repeats, workers=config.elastic_workers,
             nodes=config.nodes, cores_per_node=config.cores_per_node,
             data_dir=config.data_dir), log)
+        skipped += notes
+    if grow.WORKLOAD in workloads:
+        workloads.remove(grow.WORKLOAD)
+        try:
+            found, notes = grow.run_grow(config.size, repeats, log)
+        except Exception as exc:  # a cluster that would not start must not sink the suite
+            found, notes = [], [f"grow: failed: {type(exc).__name__}: {exc}"]
+        elastic_records += found
         skipped += notes
     coldstart_records: list[coldstart.ColdstartRecord] = []
     if "coldstart" in workloads:
@@ -198,6 +207,19 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
         extra_tables = found.tables + extra_tables
         checks = found.targets + checks
         extra_plots, elastic_errors = found.plots, found.errors
+    grow_records = [r for r in elastic_records if r.workload == grow.WORKLOAD]
+    if grow_records:
+        from dpex.bench import grow_report
+
+        try:
+            grown = grow_report.report(grow_records, out, f"({info['machine']})")
+        except ImportError as exc:  # matplotlib missing: the table still comes out
+            skipped.append(f"grow plot ({exc})")
+            grown = grow_report.report(grow_records, out, plots=False)
+        extra_tables = [grown.table] + extra_tables
+        checks = grown.targets + checks
+        extra_plots += [grown.plot] if grown.plot else []
+        elastic_errors += grown.errors
     epochs, repeats = config.resolved()
     json_path = out / "results.json"
     json_path.write_text(json.dumps({
