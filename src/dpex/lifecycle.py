@@ -105,7 +105,7 @@ class ProcessLifecycle:
         control adds processes this way, so a move never waits on a cold start)."""
         self._ensure_ray()  # a local start may not have joined Ray yet (local_start.py)
         live = [p.node_id for p in self._procs if not p.dead]
-        node_id = self._picker.node_for(live, avoid)
+        node_id = self._picker.node_for(live, avoid, POOL.warm_nodes(self._options))
         self._proc_serial += 1
         # Named, so `ray list actors` shows which loader started it.
         name = f"dpex-{self._id}-process{self._proc_serial}"

@@ -208,12 +208,15 @@ class NodePicker:
         self.options = options
         self.trainer_node_id = ray.get_runtime_context().get_node_id()
 
-    def node_for(self, existing: list[str | None], avoid: set[str] = frozenset()) -> str | None:
+    def node_for(self, existing: list[str | None], avoid: set[str] = frozenset(),
+                 warm: set[str] = frozenset()) -> str | None:
         """The node for one more process, given the nodes of the loader's other processes;
         None to let Ray choose (``spread=False``).
 
         The node with the most CPUs per process (after adding this one) wins; ties go to the
-        node with fewer processes (spread), then to the first in a stable order, so equal
+        node with fewer processes (spread), then to a node in ``warm`` (the pool holds an
+        idle process there: it starts at once, and a node the autoscaler added is not woken
+        while another holds an idle process), then to the first in a stable order, so equal
         nodes fill round-robin. Nodes in ``avoid`` are skipped unless nothing else is
         eligible.
         """
@@ -224,7 +227,7 @@ class NodePicker:
             raise NoEligibleNodeError(self.describe_request())
         nodes = sorted(n for n in cpus if n not in avoid) or sorted(cpus)
         return max(nodes, key=lambda n: (cpus[n] / (existing.count(n) + 1), -existing.count(n),
-                                         -nodes.index(n)))
+                                         n in warm, -nodes.index(n)))
 
     def capacity(self, current: int) -> int:
         """How many processes the cluster can host for this loader now: one per CPU of the

@@ -126,6 +126,15 @@ class WorkerPool:
             self._ensure_reaper()
             self._wakeup.notify()
 
+    def warm_nodes(self, options: WorkerOptions) -> set[str]:
+        """The nodes where an idle actor would fit a process of ``options``."""
+        key = _key(options.actor_options(None), None)
+        if key is None or not options.reuse_processes:
+            return set()
+        with self._lock:
+            self._check_session()
+            return {node for node, rest in self._idle if node is not None and rest == key[1]}
+
     def idle_count(self) -> int:
         with self._lock:
             self._check_session()
