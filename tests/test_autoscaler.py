@@ -23,7 +23,7 @@ import torch
 import dpex
 from dpex.bench.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
 from conftest import Job
-from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal
+from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal, wait_until
 from test_ddp import TESTS_DIR, hermetic_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
@@ -91,15 +91,6 @@ def asked_bundles() -> list:
 def dpex_actors() -> list[str]:
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
             if a["name"].startswith("dpex")]
-
-
-def wait_until(condition, timeout: float, every: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(every)
-    return condition()
 
 
 def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
