@@ -110,21 +110,21 @@ class ElasticControl:
         if not nodes:
             self._await_node(self.initial_processes(), "no node can host a worker yet")
 
-    def await_node_for_recovery(self, lost_node: str | None) -> None:
-        """A process on ``lost_node`` died: with cluster growth and no other eligible node,
-        keep asking and wait for the autoscaler's next node (Ray may still list the lost
-        one as alive). Without growth, return at once: placement decides."""
-        trainer = self._it._picker.trainer_node_id
-        if self._growth is None or set(eligible_node_cpus(self._options, trainer)) - {lost_node}:
+    def await_node_for_recovery(self) -> None:
+        """A process died and no eligible node is left (its node went, and the autoscaler
+        had added it): with cluster growth, keep asking and wait for the autoscaler's next
+        node. Otherwise return at once: placement decides, or fails clearly."""
+        if self._growth is None or eligible_node_cpus(self._options,
+                                                      self._it._picker.trainer_node_id):
             return
         self._await_node(max(self._growth.asked, len(self._live()), 1),
-                         "a node was lost and no other can host its workers", lost_node)
+                         "a node was lost and no other can host its workers")
 
-    def _await_node(self, processes: int, reason: str, lost_node: str | None = None) -> None:
+    def _await_node(self, processes: int, reason: str) -> None:
         self._ask(processes, reason)
         deadline = time.monotonic() + self._options.start_timeout_s
         trainer = self._it._picker.trainer_node_id
-        while not set(eligible_node_cpus(self._options, trainer)) - {lost_node}:
+        while not eligible_node_cpus(self._options, trainer):
             if time.monotonic() > deadline:
                 raise NoEligibleNodeError(
                     f"{self._it._picker.describe_request()}; the autoscaler added no such node "

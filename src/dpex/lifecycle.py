@@ -229,9 +229,9 @@ class ProcessLifecycle:
                 if replacement is None or replacement.dead:
                     try:
                         # Prefer another node: Ray may not have noticed yet that this one is
-                        # gone. With cluster growth, wait for the autoscaler's next one if
-                        # no other is left.
-                        self._elastic.await_node_for_recovery(proc.node_id)
+                        # gone. With cluster growth and no eligible node left, wait for
+                        # the autoscaler's next one.
+                        self._elastic.await_node_for_recovery()
                         replacement = self._add_process(avoid={proc.node_id} - {None})
                     except NoEligibleNodeError:
                         self._shutdown_workers()
