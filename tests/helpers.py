@@ -45,6 +45,18 @@ class AugmentedDataset(Dataset):
         return {"x": torch.full((3,), float(i)) + noise, "y": i}
 
 
+class SleepyAugmented(AugmentedDataset):
+    """Noisy samples that each take ``delay`` seconds (sleeping: no core needed)."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n)
+        self.delay = delay
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
 class ShardedIterable(IterableDataset):
     """Yields range(n), split between workers by get_worker_info() as torch's docs show."""
 

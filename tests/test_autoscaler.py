@@ -23,25 +23,12 @@ import torch
 import dpex
 from dpex.bench.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
 from conftest import Job
-from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal, wait_until
+from helpers import REFERENCE_CONTEXT, SleepyAugmented, assert_batches_equal, wait_until
 from test_ddp import TESTS_DIR, hermetic_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 
 IDLE_TIMEOUT_S = 5  # the autoscaler removes a node idle this long
-
-
-class SlowSamples(AugmentedDataset):
-    """Noisy samples that take ``sleep_s`` each (a decode that waits, not a busy core, so
-    that two cores can hold the trainer, the autoscaler and three nodes)."""
-
-    def __init__(self, n: int, sleep_s: float) -> None:
-        super().__init__(n)
-        self.sleep_s = sleep_s
-
-    def __getitem__(self, i):
-        time.sleep(self.sleep_s)
-        return super().__getitem__(i)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +86,7 @@ def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
     computes 0.1 s per batch: one process is enough, the ask drops to one and the node
     the retired process left goes. Between the two, one of the nodes is lost mid-epoch.
     After the loader: nothing asked, no dpex actor, no node."""
-    dataset = SlowSamples(4 * 500, sleep_s=0.004)
+    dataset = SleepyAugmented(4 * 500, delay=0.004)
     kwargs = dict(batch_size=4, num_workers=2, shuffle=True)
     options = dpex.WorkerOptions(autoscale=dpex.Autoscale(min_processes=1, max_processes=2,
                                                           window_s=1.0))
@@ -144,7 +131,7 @@ def test_only_nodes_that_can_host_the_workers_are_added(head):
     """Workers that need the custom resource: the autoscaler adds a ``tagged`` node for
     them, never a plain ``cpu`` one (the ask carries the resource)."""
     assert wait_until(lambda: head.node_count() == 0, 30 + IDLE_TIMEOUT_S)  # the last test's
-    dataset = SlowSamples(4 * 40, sleep_s=0.002)
+    dataset = SleepyAugmented(4 * 40, delay=0.002)
     kwargs = dict(batch_size=4, num_workers=2, shuffle=True)
     options = dpex.WorkerOptions(resources={"preproc": 0.5},
                                  autoscale=dpex.Autoscale(min_processes=1, max_processes=2))

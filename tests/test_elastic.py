@@ -18,6 +18,7 @@ from helpers import (
     REFERENCE_CONTEXT,
     AugmentedDataset,
     ShardedIterable,
+    SleepyAugmented,
     StatefulIterable,
     assert_batches_equal,
 )
@@ -95,18 +96,6 @@ def test_moves_mid_epoch_keep_torchs_batches(name, persistent):
     else:
         # A move waits for the worker's call to drain; cheap tasks go 8 to a call.
         assert moves >= 3
-
-
-class SleepyAugmented(AugmentedDataset):
-    """Noisy samples that each take ``delay`` seconds (sleeping: no core needed)."""
-
-    def __init__(self, n: int, delay: float) -> None:
-        super().__init__(n)
-        self.delay = delay
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return super().__getitem__(i)
 
 
 def test_scaling_up_and_down_mid_epoch_keeps_torchs_batches():
