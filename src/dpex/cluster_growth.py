@@ -83,15 +83,6 @@ class _RequestBoard:
                 self._asks[requester] = (ask, time.monotonic() + _LEASE_S)
             self._send()
 
-    def asks(self) -> dict[str, Ask]:
-        with self._lock:
-            return {requester: ask for requester, (ask, _) in self._asks.items()}
-
-    def request(self) -> tuple[list, list]:
-        """What the cluster was last asked for: (bundles, label selectors)."""
-        with self._lock:
-            return self._sent or ([], [])
-
     def _send(self) -> None:
         request = merged([ask for _, (ask, _) in sorted(self._asks.items())])
         self._empty_since = None if request[0] else (self._empty_since or time.monotonic())
