@@ -148,6 +148,7 @@ class Dispatch:
         ref = slot.actor.fetch.remote(tasks, slot.worker_id)
         self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
         now = time.time()
+        self._unarrived[ref] = (now, slot.process)
         for task_id, _ in tasks:
             self._task_ref[task_id] = ref
             self._timeline.sent(task_id, slot.worker_id, slot.process.serial,

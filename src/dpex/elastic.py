@@ -368,10 +368,11 @@ class ElasticControl:
         return all(p.samples >= _MIN_SAMPLES for p in self._live() if self._it._hosted(p))
 
     def _drift_idle_speeds(self, procs: list[Any]) -> None:
-        busy = [p.busy_s for p in procs if p.busy_s and self._it._hosted(p)]
+        busy = [p.seconds_per_task() for p in procs
+                if p.seconds_per_task() and self._it._hosted(p)]
         if not busy:
             return
         typical = median(busy)
         for proc in procs:
-            if proc.busy_s and not self._it._hosted(proc):
-                proc.busy_s += (typical - proc.busy_s) * _DRIFT
+            if proc.seconds_per_task() and not self._it._hosted(proc):
+                proc.drift(typical, _DRIFT)

@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayError
 
 from dpex import user_code
+from dpex.delivery import DeliveryRecord, speed
 from dpex.local_workers import LocalActor, LocalProcessDied, get
 from dpex.placement import NoEligibleNodeError, eligible_nodes
 from dpex.pool import POOL, kill_quietly
@@ -52,14 +53,29 @@ class ProcessHandle:
         self.keep_warm_s: float | None = None
         self.busy_s: float | None = None  # moving average of its time per task
         self.samples = 0
+        self.delivery = DeliveryRecord()  # its pace on the trainer's side (delivery.py)
 
     def record(self, busy_s: float) -> None:
         self.samples += 1
         self.busy_s = busy_s if self.busy_s is None else 0.8 * self.busy_s + 0.2 * busy_s
 
+    def seconds_per_task(self) -> float | None:
+        """The slower of its busy time per task and its delivered pace; None while unknown."""
+        times = [t for t in (self.busy_s, self.delivery.seconds_per_task()) if t]
+        return max(times) if times else None
+
     def speed(self) -> float:
-        """Tasks per second while busy; 0 while unknown."""
-        return 1.0 / self.busy_s if self.busy_s else 0.0
+        """Tasks per second it delivers while it has work (``delivery.speed``); 0 while
+        unknown."""
+        return speed(self.busy_s, self.delivery.seconds_per_task())
+
+    def drift(self, toward_s: float, share: float) -> None:
+        """While it hosts no worker: move its estimate ``share`` of the way toward
+        ``toward_s`` per task, so it is tried again later. Its pace is folded into the
+        estimate and started afresh: the next calls it gets are a new measurement."""
+        current = self.seconds_per_task() or toward_s
+        self.busy_s = current + (toward_s - current) * share
+        self.delivery = DeliveryRecord()
 
 
 class WorkerSlot:
@@ -321,6 +337,7 @@ class ProcessLifecycle:
             slot.in_flight.clear()
             slot.pending.clear()
         self._calls = {}
+        self._unarrived = {}
         self._task_ref = {}
         self._results = {}
         self._dataset_ref = None

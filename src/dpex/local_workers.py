@@ -172,15 +172,16 @@ def get(ref: Any, timeout: float | None = None) -> Any:
     return ref.value
 
 
-def pull_ahead(refs: list[Any]) -> list[Any]:
-    """Start pulling to this node each of the Ray calls ``refs`` whose result is ready on
-    another node, without waiting: Ray keeps pulling after this returns (measured: a 60 MB
-    result then took 0.6 ms to ``get``, against 58 ms when the pull began at ``get``).
-    Returns those already on this node."""
+def ready_here(refs: list[Any]) -> list[Any]:
+    """Those of the calls ``refs`` whose result is on this node now, without waiting (a
+    local worker's: received). Ray starts pulling to this node each result that is ready on
+    another one, and keeps pulling after this returns (measured: a 60 MB result then took
+    0.6 ms to ``get``, against 58 ms when the pull began at ``get``)."""
+    ready = [r for r in refs if isinstance(r, LocalRef) and r.done]
     remote = [r for r in refs if not isinstance(r, LocalRef)]
-    if not remote:
-        return []
-    return ray.wait(remote, num_returns=len(remote), timeout=0, fetch_local=True)[0]
+    if remote:
+        ready += ray.wait(remote, num_returns=len(remote), timeout=0, fetch_local=True)[0]
+    return ready
 
 
 def wait(refs: list[Any], num_returns: int = 1, timeout: float | None = None

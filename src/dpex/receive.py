@@ -16,7 +16,7 @@ from ray.exceptions import (
     RayActorError,
 )
 
-from dpex.local_workers import LocalProcessDied, get, pull_ahead, wait
+from dpex.local_workers import LocalProcessDied, get, ready_here, wait
 from dpex.resume import WorkerPosition
 from dpex.worker import END, TaskResult
 
@@ -29,6 +29,7 @@ class Receive:
 
     def _next_result(self) -> tuple[TaskResult, int]:
         """The next result and its worker id, honouring ``in_order``; StopIteration at the end."""
+        self._observe_arrivals()
         while True:
             if not self._in_order and self._arrivals:
                 return self._hand_out(self._arrivals.popleft())
@@ -67,9 +68,10 @@ class Receive:
         moment no worker is starting (a Ray actor takes seconds to start; a torch worker
         process does not, and torch's timeout is meant for a slow batch). The time spent
         waiting for a reply that was not there yet adds to ``self._stalled`` (a data stall,
-        what autoscaling reads); receiving a reply that was there does not.
+        what autoscaling reads); receiving a reply that was there does not. While it waits
+        for ``target``, the other calls whose results have not arrived are waited on too,
+        and noted as they arrive (NOTE [ dpex Delivered Rate ]).
         """
-        self._pull_remote_results(target)
         if target is not None and self._collect(target, timeout=0):
             return  # it was there: no stall
         deadline = None
@@ -81,37 +83,50 @@ class Receive:
             slice_s = _WAIT_SLICE_S
             if deadline is not None:
                 slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
-            refs = [target] if target is not None else list(self._calls)
+            if target is None:
+                refs = list(self._calls)
+            else:
+                refs = [target] + [r for r in self._unarrived if r is not target
+                                   and r in self._calls]
             waiting = time.perf_counter()
             ready, _ = wait(refs + list(starting), num_returns=1, timeout=slice_s)
             self._stalled += time.perf_counter() - waiting
-            if ready:
-                for ref in ready:
-                    if ref in starting:
-                        if starting[ref].ready_ref is ref:  # not re-begun by a recovery
-                            self._on_started(starting[ref])
-                    elif ref in self._calls:  # not dropped by a recovery just now
-                        self._collect(ref, timeout=None)
-                if any(ref not in starting for ref in ready):
-                    return
+            filed = False
+            for ref in ready:
+                if ref in starting:
+                    if starting[ref].ready_ref is ref:  # not re-begun by a recovery
+                        self._on_started(starting[ref])
+                elif ref not in self._calls:  # dropped by a recovery just now
+                    continue
+                elif target is None or ref is target:
+                    self._collect(ref, timeout=None)
+                    filed = True
+                elif ref in self._unarrived:
+                    self._arrived([ref], time.time())
+            if filed:
+                return
             self._check_start_deadlines()
             self._control_step()  # a long wait is when moves and more processes help most
             if deadline is not None and time.monotonic() >= deadline:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
 
-    def _pull_remote_results(self, target: Any | None) -> None:
-        """Start pulling every result that is ready on another node now, not when its turn
-        in torch's order comes: a large batch from another node would otherwise begin its
-        transfer only once the loop asks for it (issue 18)."""
-        here = self._picker.trainer_node_id if self._picker is not None else None
-        remote = [ref for ref, (slot, _) in self._calls.items()
-                  if ref is not target and slot.process is not None
-                  and slot.process.node_id not in (None, here, "local")]
-        if remote:
-            now = time.time()
-            for ref in pull_ahead(remote):
-                for task_id in self._calls[ref][1]:
-                    self._timeline.arrived(task_id, now)
+    def _observe_arrivals(self) -> None:
+        """Note the calls whose results are on the trainer's node now, and have Ray start
+        pulling those ready on another node at once, not when their turn in torch's order
+        comes (issue 18: a large batch would otherwise begin its transfer only then)."""
+        for ref in [r for r in self._unarrived if r not in self._calls]:  # dropped by recovery
+            del self._unarrived[ref]
+        if self._unarrived:
+            self._arrived(ready_here(list(self._unarrived)), time.time())
+
+    def _arrived(self, refs: list[Any], at: float) -> None:
+        """The calls ``refs`` were seen on the trainer's node ``at`` (delivery.py)."""
+        for ref in sorted(refs, key=lambda r: self._unarrived[r][0]):  # in the order sent
+            sent, proc = self._unarrived.pop(ref)
+            task_ids = self._calls[ref][1]
+            proc.delivery.arrived(sent, at, len(task_ids))
+            for task_id in task_ids:
+                self._timeline.arrived(task_id, at)
 
     def _collect(self, ref: Any, timeout: float | None) -> bool:
         """File the results of the call ``ref``; False if it is not done within ``timeout``."""
@@ -129,8 +144,10 @@ class Receive:
         except ActorUnschedulableError as exc:
             self._on_unschedulable(self._calls[ref][0], exc)
             return True
-        slot, _task_ids = self._calls.pop(ref)
         now = time.time()
+        if ref in self._unarrived:  # no wait or poll saw it before
+            self._arrived([ref], now)
+        slot, _task_ids = self._calls.pop(ref)
         for result in results:
             self._timeline.received(result.task_id, result.finished_at, result.busy_s, now)
             index = slot.in_flight.pop(result.task_id)

@@ -196,6 +196,9 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._torch_dispatched = skip + self._prefetch_factor * self._num_workers
         self._arrivals: deque[int] = deque()  # received task ids, in arrival order
         self._calls: dict[Any, tuple[WorkerSlot, list[int]]] = {}  # ref -> slot, task ids
+        # Calls whose result was not seen on the trainer's node yet: ref -> (sent, process).
+        # NOTE [ dpex Delivered Rate ] (delivery.py).
+        self._unarrived: dict[Any, tuple[float, ProcessHandle]] = {}
         self._task_ref: dict[int, Any] = {}
         self._tasks_outstanding = 0
         # Task t goes to worker t mod N, also when a resumed epoch starts at t = skip.

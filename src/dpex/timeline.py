@@ -2,8 +2,8 @@
 
 For every task of the last few epochs, six wall-clock moments: **sent** (the trainer made
 the call), **started** and **finished** (on the worker process), **arrived** (its result
-was seen on the trainer's node, pulled there from another node; for results made on the
-trainer's node, when received), **received** (the trainer collected the call, when the loop
+was seen on the trainer's node, pulled there when another node made it; see NOTE [ dpex
+Delivered Rate ] in delivery.py), **received** (the trainer collected the call, when the loop
 needed one of its batches or while it waited) and **delivered** (the batch was handed to the
 training loop). ``loader.timeline().summary()`` gives, per epoch
 and per process, the delivered rate and the median of each stage, and names the stage

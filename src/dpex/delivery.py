@@ -1,0 +1,96 @@
+"""What each worker process delivers to the trainer: seconds per result, and latency.
+Pure: no Ray; every time is the trainer's clock.
+
+NOTE [ dpex Delivered Rate ]
+
+What is measured
+  For each call to a process (one or more tasks), two moments: **sent** (the trainer made
+  the call) and **arrived** (its result was seen on the trainer's node: ready there, and
+  pulled there first when another node made it). A process runs one caller's calls one at a
+  time, in the order they were sent. When call i was sent before call i-1 arrived, it was
+  queued behind it, and ``arrived_i - arrived_{i-1}`` is the process's **pace**: the seconds
+  per call it delivers at while it has work. That counts what busy time inside the task
+  does not: a result waiting for the process's Ray threads on a loaded core, its
+  serialisation, the transfer from another node, Ray's scheduling on a shared core. Over a
+  run of queued calls the paces add up to the span between the first and the last arrival,
+  so an arrival seen late makes one call look slower and the next one faster, not the
+  process. A call sent to an idle process says nothing of its pace (only of its
+  **latency**, arrived - sent, also kept): the process that waits for work is not the one
+  the loop waits for.
+
+When arrivals are seen (receive.py)
+  Not at collection: the trainer collects results in torch's order, so a result that
+  arrived early waits for its turn, and measured there every process would look as slow as
+  the slowest. While the loop waits for a batch, the trainer waits on every call whose
+  result has not arrived, not only the one it needs, and notes each as it comes; before
+  each batch it polls the others (``ray.wait(fetch_local=True, timeout=0)``, which also
+  starts pulling results made on other nodes at once, not when their turn comes). A result
+  no wait or poll saw counts as arrived when it is collected. So while the loop waits
+  (the only time the rebalancer acts) an arrival is seen when it happens, and otherwise
+  within one step of the loop.
+
+How it is used
+  A process's speed, for the rebalancer and the autoscaler (elastic.py, scaling.py), is
+  the lower of the two: tasks per second busy inside the task, and tasks per second
+  delivered over its last calls (``ProcessHandle.speed``). A process that computes fast and
+  delivers slowly is seen as slow, and loses workers to one that delivers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+# Queued calls a process must have delivered before its pace is read, and how many recent
+# calls it is read over.
+MIN_CALLS = 3
+KEEP_CALLS = 12
+
+
+class DeliveryRecord:
+    """One process's recent calls: its pace while it had work queued, and its latency.
+
+    >>> record = DeliveryRecord()
+    >>> for sent, arrived in [(0.0, 0.5), (0.0, 1.0), (0.1, 1.5), (0.2, 2.0), (5.0, 5.2)]:
+    ...     record.arrived(sent, arrived, tasks=1)
+    >>> record.seconds_per_task()  # the calls sent before the one ahead had arrived
+    0.5
+    >>> record.latency_s()
+    1.0
+    """
+
+    def __init__(self, keep: int = KEEP_CALLS) -> None:
+        self._paces: deque[tuple[float, int]] = deque(maxlen=keep)  # (seconds, tasks)
+        self._latencies: deque[float] = deque(maxlen=keep)
+        self._last_arrival: float | None = None
+
+    def arrived(self, sent: float, at: float, tasks: int) -> None:
+        """A call sent at ``sent`` with ``tasks`` tasks was seen on the trainer's node ``at``."""
+        last = self._last_arrival
+        if last is not None and sent < last:  # queued behind the call before it
+            self._paces.append((max(0.0, at - last), max(1, tasks)))
+        self._latencies.append(max(0.0, at - sent))
+        self._last_arrival = at if last is None else max(at, last)
+
+    def seconds_per_task(self) -> float | None:
+        """Delivered seconds per task over the recent queued calls; None until
+        ``MIN_CALLS`` of them."""
+        if len(self._paces) < MIN_CALLS:
+            return None
+        return sum(s for s, _ in self._paces) / sum(n for _, n in self._paces)
+
+    def latency_s(self) -> float | None:
+        """The median latency (sent to arrived) of the recent calls; None if there are none."""
+        return statistics.median(self._latencies) if self._latencies else None
+
+
+def speed(busy_s: float | None, delivered_s: float | None) -> float:
+    """Tasks per second of a process: the lower of its speed busy inside the task
+    (``busy_s`` per task) and its delivered speed (``delivered_s`` per task); 0 while both
+    are unknown.
+
+    >>> speed(0.1, None), speed(0.1, 0.4), speed(None, 0.25)
+    (10.0, 2.5, 4.0)
+    """
+    times = [t for t in (busy_s, delivered_s) if t]
+    return 1.0 / max(times) if times else 0.0

@@ -1,0 +1,98 @@
+"""The delivered rate (dpex.delivery) and the rebalancer's decisions from it. Pure: no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpex.delivery import MIN_CALLS, DeliveryRecord, speed
+from dpex.lifecycle import ProcessHandle
+from dpex.scaling import plan_moves, without_reversals
+
+
+def _queued(record: DeliveryRecord, pace_s: float, calls: int, start: float = 0.0,
+            tasks: int = 1) -> float:
+    """``calls`` calls, each sent long before the previous one arrived; arrivals every
+    ``pace_s``. Returns the last arrival."""
+    at = start
+    for _ in range(calls):
+        at += pace_s
+        record.arrived(start, at, tasks)
+    return at
+
+
+def test_pace_is_read_only_from_calls_that_queued_behind_another():
+    record = DeliveryRecord()
+    _queued(record, 0.4, MIN_CALLS)  # the first one did not queue: MIN_CALLS - 1 paces
+    assert record.seconds_per_task() is None
+    record.arrived(0.0, 1.6, tasks=1)
+    assert record.seconds_per_task() == pytest.approx(0.4)
+    # Calls to an idle process (sent after the last arrival) say nothing of its pace, only
+    # of its latency: a slow start or a late poll does not make it look slow.
+    for k in range(5):
+        record.arrived(10.0 + 5 * k, 10.0 + 5 * k + 3.0, tasks=1)
+    assert record.seconds_per_task() == pytest.approx(0.4)
+    assert record.latency_s() == pytest.approx(3.0)
+
+
+def test_pace_counts_tasks_not_calls():
+    record = DeliveryRecord()
+    _queued(record, 1.0, MIN_CALLS + 1, tasks=4)
+    assert record.seconds_per_task() == pytest.approx(0.25)
+
+
+def test_an_arrival_seen_late_moves_time_between_calls_not_into_the_pace():
+    prompt, late = DeliveryRecord(), DeliveryRecord()
+    for record, seen in ((prompt, [0.5, 1.0, 1.5, 2.0, 2.5]), (late, [0.5, 1.4, 1.5, 2.0, 2.5])):
+        for at in seen:
+            record.arrived(0.0, at, tasks=1)
+    assert late.seconds_per_task() == pytest.approx(prompt.seconds_per_task())
+
+
+def test_speed_is_the_slower_of_busy_and_delivered():
+    assert speed(0.1, None) == pytest.approx(10.0)
+    assert speed(0.1, 0.4) == pytest.approx(2.5)  # computes fast, delivers slowly
+    assert speed(0.3, 0.2) == pytest.approx(1 / 0.3)  # queued calls cannot beat compute
+    assert speed(None, None) == 0.0
+
+
+def _process(serial: int, busy_s: float, pace_s: float | None) -> ProcessHandle:
+    proc = ProcessHandle(actor=None, node_id=f"node{serial}", serial=serial)
+    for _ in range(8):
+        proc.record(busy_s)
+    if pace_s is not None:
+        _queued(proc.delivery, pace_s, 8)
+    return proc
+
+
+def test_rebalancer_moves_workers_off_a_process_that_computes_fast_but_delivers_slowly():
+    # Process 0 is busy 0.1 s a task, but its results reach the trainer every 0.4 s (its
+    # Ray threads starved on a busy core, or a slow transfer); process 1 delivers every
+    # 0.15 s. Judged by busy time, process 0 looks fastest and would take workers.
+    slow, fast = _process(0, busy_s=0.1, pace_s=0.4), _process(1, busy_s=0.15, pace_s=0.15)
+    hosted, movable = [[0, 2], [1, 3]], {0, 1, 2, 3}
+    by_busy = plan_moves([1 / p.busy_s for p in (slow, fast)], hosted, movable, 1.3)
+    by_delivery = plan_moves([p.speed() for p in (slow, fast)], hosted, movable, 1.3)
+    assert all(src == 1 and dst == 0 for _, src, dst in by_busy)
+    assert by_delivery and all(src == 0 and dst == 1 for _, src, dst in by_delivery)
+
+
+def test_equal_delivery_with_noise_moves_nothing_and_a_move_is_never_undone_at_once():
+    # Two processes within the 1.3x margin of each other: no move however the noise falls.
+    for a, b in ((0.20, 0.24), (0.24, 0.20)):
+        procs = [_process(0, 0.1, a), _process(1, 0.1, b)]
+        assert plan_moves([p.speed() for p in procs], [[0, 2], [1, 3]], {0, 1, 2, 3},
+                          1.3) == []
+    # After worker 3 moved from process 1 to 0, a reading that would send it back within
+    # the cooldown is dropped; one to a third process is not.
+    recent = [(100.0, 3, "p1", "p0")]
+    assert without_reversals([(3, "p0", "p1"), (3, "p0", "p2")], recent, 110.0, 30.0) == [
+        (3, "p0", "p2")]
+    assert without_reversals([(3, "p0", "p1")], recent, 131.0, 30.0) == [(3, "p0", "p1")]
+
+
+def test_an_idle_process_drifts_toward_the_others_and_is_measured_afresh():
+    proc = _process(0, busy_s=0.1, pace_s=0.5)
+    assert proc.seconds_per_task() == pytest.approx(0.5)
+    proc.drift(toward_s=0.2, share=0.5)
+    assert proc.seconds_per_task() == pytest.approx(0.35)
+    assert proc.delivery.seconds_per_task() is None  # its next calls are a new measurement
