@@ -15,13 +15,16 @@ import pytest
 
 from conftest import user_env
 from dpex.bench import elastic_report, nodes
-from dpex.bench.elastic import ElasticRecord, Epoch
+from dpex.bench.elastic_records import ElasticRecord, Epoch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _rec(workload, loader, repeat, seconds, nodes=1, batches=10, **extra):
+def _rec(workload, loader, repeat, seconds, nodes=1, batches=10, slow_epoch=1.0, **extra):
+    """Three epochs of ``seconds`` (the warm-up and 2 steady); the last steady one takes
+    ``seconds / slow_epoch``."""
     epochs = [Epoch(seconds, batches * 32, batches) for _ in range(3)]
+    epochs.append(Epoch(seconds / slow_epoch, batches * 32, batches))
     return ElasticRecord(workload, loader, repeat, 4, nodes, epochs, extra=extra)
 
 
@@ -35,11 +38,26 @@ def test_scaleout_ratio_is_taken_within_a_repeat():
                                                        items_per_node={"0": 30, "1": 10})]
     rows = {(r.loader, r.nodes): r for r in elastic_report.summarise_scaleout(records)}
     assert rows[("dpex", 2)].ratio == pytest.approx(2.0)  # median of 2, 1, 2
+    assert (rows[("dpex", 2)].ratio_worst, rows[("dpex", 2)].ratio_best) == (1.0, 2.0)
     assert rows[("dpex", 2)].node_share == {"0": 0.75, "1": 0.25}
-    (target,) = elastic_report.scaleout_targets(list(rows.values()))
-    assert target.threshold == pytest.approx(1.85) and target.met is True
+    ratio, epochs = elastic_report.scaleout_targets(list(rows.values()))
+    # The median repeat makes 2.0x; the target holds in every repeat, and one made 1.0x.
+    assert ratio.threshold == pytest.approx(1.85) and ratio.value == 1.0 and ratio.met is False
+    assert epochs.value == 1.0 and epochs.met is True
     table = elastic_report.scaleout_table(list(rows.values()), 1)
-    assert "| dpex | 2 | 4 | 5.00 | 2.00 | 0: 75%, 1: 25% |" in table
+    assert "| dpex | 2 | 4 | 5.00 | 2.00 | 1.00–2.00 | 1.00 | 0: 75%, 1: 25% |" in table
+
+
+def test_a_slow_epoch_fails_its_run_whatever_the_median():
+    records = [_rec("scaleout", "torch", 0, 1.0),
+               _rec("scaleout", "dpex", 0, 0.5, nodes=2, slow_epoch=0.75)]
+    (row,) = [r for r in elastic_report.summarise_scaleout(records) if r.loader == "dpex"]
+    assert row.slowest_epoch == pytest.approx(0.75)  # steady epochs at 1, 1 and 0.75 x
+    assert all(t.met for t in elastic_report.scaleout_targets([row]) if "epoch" in t.text)
+    records[1] = _rec("scaleout", "dpex", 0, 0.5, nodes=2, slow_epoch=0.4)
+    (row,) = [r for r in elastic_report.summarise_scaleout(records) if r.loader == "dpex"]
+    epochs = [t for t in elastic_report.scaleout_targets([row]) if "epoch" in t.text]
+    assert row.slowest_epoch == pytest.approx(0.4) and epochs[0].met is False
 
 
 def test_unequal_compares_with_what_the_two_nodes_give():
@@ -50,9 +68,11 @@ def test_unequal_compares_with_what_the_two_nodes_give():
     assert rows["node0 + node1"].batches_per_s == pytest.approx(15.0)
     assert rows["dpex nice=trainer"].vs_sum == pytest.approx(14 / 15)
     assert rows["dpex nice=15"].vs_node0 == pytest.approx(1.0)
-    met = {(t.loader, t.text): t.met for t in elastic_report.unequal_targets(list(rows.values()))}
+    met = {(t.loader, t.text.split(",")[0]): t.met
+           for t in elastic_report.unequal_targets(list(rows.values()))}
     assert met[("dpex nice=trainer", "batches/s vs the two nodes' capacity")] is True
     assert met[("dpex nice=15", "batches/s vs the two nodes' capacity")] is False
+    assert met[("dpex nice=15", "slowest steady epoch / the run's median")] is True
     assert "| 15 |" in elastic_report.unequal_table(list(rows.values()))
 
 
@@ -148,7 +168,7 @@ def test_report_redoes_the_elastic_tables_from_saved_results(tmp_path, capsys):
                  "--out", str(tmp_path / "again")])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "| dpex | 2 | 4 | 20.00 | 2.00 |" in printed
+    assert "| dpex | 2 | 4 | 20.00 | 2.00 | 2.00–2.00 | 1.00 |" in printed
     assert "[MET    ] scaleout dpex" in printed
     assert (tmp_path / "again" / "scaleout.png").read_bytes()[:8] == PNG_SIGNATURE
 

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from dpex.bench import grow_report
-from dpex.bench.elastic import ElasticRecord, Epoch
+from dpex.bench.elastic_records import ElasticRecord, Epoch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STARTS = [2.0, 12.0, 22.0, 42.0]  # light, heavy, light; the last entry is the end

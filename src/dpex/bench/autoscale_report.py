@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpex.bench.elastic import ElasticRecord
+from dpex.bench.elastic_records import ElasticRecord
 from dpex.bench.report import Target, save_figure
 from dpex.scaling import Autoscale
 

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dpex.bench.elastic import DEFAULT_WORKERS, ELASTIC_WORKLOADS
+from dpex.bench.elastic_records import DEFAULT_WORKERS, ELASTIC_WORKLOADS
 from dpex.bench.grow import WORKLOAD as GROW
 from dpex.bench.runners import LOADERS
 from dpex.bench.suite import (ALL_WORKLOADS, DEFAULTS, SuiteConfig, load_results, run_suite,

@@ -37,7 +37,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from dpex.bench.elastic import ElasticRecord, Epoch
+from dpex.bench.elastic_records import ElasticRecord, Epoch
 
 WORKLOAD = "grow"
 WORKERS = 4
