@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpex.bench import coldstart, elastic, env, grow, report, runners, startup
+from dpex.bench.elastic_records import ELASTIC_WORKLOADS, ElasticRecord
 from dpex.bench.workloads import WORKLOADS, make_workload
 
 #: Every workload ``dpex bench`` knows: the loader workloads, then the start-up runs.
@@ -45,7 +46,7 @@ class SuiteConfig:
     out: Path = Path("bench-results")
     data_dir: Path | None = None
     plot: Path | None = None  # default: out/bench.png
-    # The elastic workloads: num_workers (None: elastic.DEFAULT_WORKERS), node counts for
+    # The elastic workloads: num_workers (None: elastic_records.DEFAULT_WORKERS), node counts for
     # scaleout, cores per node for scaleout and unequal.
     elastic_workers: int | None = None
     nodes: list[int] = field(default_factory=lambda: [1, 2])
@@ -68,7 +69,7 @@ class SuiteResult:
     startup_rows: list[startup.StartupRow] = field(default_factory=list)
     extra_tables: list[str] = field(default_factory=list)  # coldstart, startup, ceiling
     extra_plots: list[Path] = field(default_factory=list)  # the elastic workloads' PNGs
-    elastic_records: list[elastic.ElasticRecord] = field(default_factory=list)
+    elastic_records: list[ElasticRecord] = field(default_factory=list)
     elastic_errors: list[str] = field(default_factory=list)
     coldstart_rows: list[coldstart.ColdstartRow] = field(default_factory=list)
 
@@ -90,10 +91,10 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
     if "shards" in workloads and importlib.util.find_spec("webdataset") is None:
         workloads.remove("shards")
         skipped.append("shards (install the optional extra: pip install 'dpex[data]')")
-    elastic_records: list[elastic.ElasticRecord] = []
-    chosen_elastic = [name for name in workloads if name in elastic.ELASTIC_WORKLOADS]
+    elastic_records: list[ElasticRecord] = []
+    chosen_elastic = [name for name in workloads if name in ELASTIC_WORKLOADS]
     if chosen_elastic:
-        workloads = [name for name in workloads if name not in elastic.ELASTIC_WORKLOADS]
+        workloads = [name for name in workloads if name not in ELASTIC_WORKLOADS]
         elastic_records, notes = elastic.run_elastic(chosen_elastic, elastic.ElasticConfig(
             size=config.size, epochs=epochs, repeats=repeats, workers=config.elastic_workers,
             nodes=config.nodes, cores_per_node=config.cores_per_node,
@@ -158,21 +159,21 @@ def _progress(rec: runners.RunRecord) -> str:
 
 
 def load_results(path: Path) -> tuple[dict, list[runners.RunRecord],
-                                      list[startup.StartupRecord], list[elastic.ElasticRecord],
+                                      list[startup.StartupRecord], list[ElasticRecord],
                                       list[coldstart.ColdstartRecord]]:
     """The config, records, startup, elastic and coldstart records of an earlier run's
     ``results.json``."""
     data = json.loads(Path(path).read_text())
     return (data.get("config", {}), [runners.RunRecord.from_json(r) for r in data["records"]],
             startup.records_from_json(data.get("startup", [])),
-            [elastic.ElasticRecord.from_json(r) for r in data.get("elastic", [])],
+            [ElasticRecord.from_json(r) for r in data.get("elastic", [])],
             coldstart.records_from_json(data.get("coldstart", [])))
 
 
 def write_results(config: SuiteConfig, records: list[runners.RunRecord],
                   skipped: list[str], info: dict[str, str] | None = None,
                   startup_records: list[startup.StartupRecord] | None = None,
-                  elastic_records: list[elastic.ElasticRecord] | None = None,
+                  elastic_records: list[ElasticRecord] | None = None,
                   coldstart_records: list[coldstart.ColdstartRecord] | None = None
                   ) -> SuiteResult:
     """Summarise ``records``; write results.json, results.md and the plots."""
