@@ -48,6 +48,32 @@ class SlowOnOneNode(AugmentedDataset):
         return super().__getitem__(i)
 
 
+class SlowToSend:
+    """A value that takes ``slow_s`` to pickle on the node ``slow_node`` and unpickles to the
+    plain int it carries. Ray pickles a task's result after the task, so this time is not
+    in the process's busy time: its results are made fast and reach the trainer slowly (as
+    from a node whose Ray threads starve, or behind a slow link)."""
+
+    def __init__(self, value: int, slow_node: str | None, slow_s: float) -> None:
+        self.value, self.slow_node, self.slow_s = value, slow_node, slow_s
+
+    def __reduce__(self):
+        if ray.is_initialized() and ray.get_runtime_context().get_node_id() == self.slow_node:
+            time.sleep(self.slow_s)
+        return (int, (self.value,))
+
+
+class CollateThenSendSlowly:
+    """``collate_fn``: torch's batch, tagged with its size as a ``SlowToSend``."""
+
+    def __init__(self, slow_node: str | None, slow_s: float) -> None:
+        self.slow_node, self.slow_s = slow_node, slow_s
+
+    def __call__(self, samples):
+        batch = torch.utils.data.default_collate(samples)
+        return batch, SlowToSend(len(samples), self.slow_node, self.slow_s)
+
+
 def reference(dataset, **kwargs) -> list:
     loader = torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
                                          multiprocessing_context=REFERENCE_CONTEXT, **kwargs)
@@ -68,6 +94,23 @@ def test_workers_move_off_a_slow_node(cluster):
     assert any("moved workers" in e.reason for e in stats.scaling_events)
     # Processes were placed by CPUs (one node each); most batches came from the fast one.
     assert stats.per_node.get(slow, 0) < stats.batches / 2
+
+
+def test_workers_move_off_a_node_whose_results_arrive_slowly(cluster):
+    # Every process is equally fast inside its tasks; the worker node's results take 40 ms
+    # more each to leave it. Judged by busy time alone nothing would move (issue 18).
+    slow = next(iter(cluster.worker_nodes)).node_id
+    dataset = SlowOnOneNode(2000, slow_node=None, slow_s=0, fast_s=0.001)
+    kwargs = dict(batch_size=4, num_workers=4, shuffle=True,
+                  collate_fn=CollateThenSendSlowly(slow, 0.04))
+    expected = reference(dataset, **{**kwargs, "collate_fn": CollateThenSendSlowly(None, 0)})
+    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
+                             distribute_mode=True, **kwargs)
+    batches = list(loader)
+    assert_batches_equal(expected, batches)
+    stats = loader.stats()
+    assert stats.moves >= 1, stats.scaling_events
+    assert stats.per_node.get(slow, 0) < stats.batches / 2, (stats.per_node, stats.scaling_events)
 
 
 def test_a_node_that_joins_mid_epoch_is_used(cluster):

@@ -28,10 +28,20 @@ def test_pace_is_read_only_from_calls_that_queued_behind_another():
     assert record.seconds_per_task() == pytest.approx(0.4)
     # Calls to an idle process (sent after the last arrival) say nothing of its pace, only
     # of its latency: a slow start or a late poll does not make it look slow.
-    for k in range(5):
+    for k in range(2):
         record.arrived(10.0 + 5 * k, 10.0 + 5 * k + 3.0, tasks=1)
     assert record.seconds_per_task() == pytest.approx(0.4)
-    assert record.latency_s() == pytest.approx(3.0)
+    assert record.latency_s() == pytest.approx((1.2 + 1.6) / 2)  # of 0.4, 0.8, 1.2, 1.6, 3, 3
+
+
+def test_a_process_that_mostly_keeps_up_is_not_judged_by_its_rare_queued_calls():
+    record = DeliveryRecord()
+    at = 0.0
+    for k in range(12):  # mostly idle when a call comes; every third one queued, slowly
+        sent = at - 0.1 if k % 3 == 2 else at + 0.5
+        at = max(sent, at) + (0.9 if k % 3 == 2 else 0.2)
+        record.arrived(sent, at, tasks=1)
+    assert record.seconds_per_task() is None  # 4 of 12 queued: its busy time speaks
 
 
 def test_pace_counts_tasks_not_calls():

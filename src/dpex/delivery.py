@@ -16,7 +16,9 @@ What is measured
   so an arrival seen late makes one call look slower and the next one faster, not the
   process. A call sent to an idle process says nothing of its pace (only of its
   **latency**, arrived - sent, also kept): the process that waits for work is not the one
-  the loop waits for.
+  the loop waits for. The pace is read only while most recent calls queued: a process
+  that keeps up queues now and then, after a slow task or in a burst of load, and paces
+  read only then would make it look slower than it is.
 
 When arrivals are seen (receive.py)
   Not at collection: the trainer collects results in torch's order, so a result that
@@ -41,10 +43,11 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-# Queued calls a process must have delivered before its pace is read, and how many recent
-# calls it is read over.
+# Queued calls a process must have delivered before its pace is read, how many recent calls
+# it is read over, and the share of those that must have queued.
 MIN_CALLS = 3
 KEEP_CALLS = 12
+MOSTLY_QUEUED = 0.5
 
 
 class DeliveryRecord:
@@ -53,31 +56,33 @@ class DeliveryRecord:
     >>> record = DeliveryRecord()
     >>> for sent, arrived in [(0.0, 0.5), (0.0, 1.0), (0.1, 1.5), (0.2, 2.0), (5.0, 5.2)]:
     ...     record.arrived(sent, arrived, tasks=1)
-    >>> record.seconds_per_task()  # the calls sent before the one ahead had arrived
+    >>> record.seconds_per_task()  # from the calls sent before the one ahead had arrived
     0.5
     >>> record.latency_s()
     1.0
     """
 
     def __init__(self, keep: int = KEEP_CALLS) -> None:
-        self._paces: deque[tuple[float, int]] = deque(maxlen=keep)  # (seconds, tasks)
+        # Per recent call: (seconds since the previous arrival, tasks), None if not queued.
+        self._paces: deque[tuple[float, int] | None] = deque(maxlen=keep)
         self._latencies: deque[float] = deque(maxlen=keep)
         self._last_arrival: float | None = None
 
     def arrived(self, sent: float, at: float, tasks: int) -> None:
         """A call sent at ``sent`` with ``tasks`` tasks was seen on the trainer's node ``at``."""
         last = self._last_arrival
-        if last is not None and sent < last:  # queued behind the call before it
-            self._paces.append((max(0.0, at - last), max(1, tasks)))
+        queued = last is not None and sent < last  # behind the call before it
+        self._paces.append((max(0.0, at - last), max(1, tasks)) if queued else None)
         self._latencies.append(max(0.0, at - sent))
         self._last_arrival = at if last is None else max(at, last)
 
     def seconds_per_task(self) -> float | None:
-        """Delivered seconds per task over the recent queued calls; None until
-        ``MIN_CALLS`` of them."""
-        if len(self._paces) < MIN_CALLS:
+        """Delivered seconds per task over the recent queued calls; None until ``MIN_CALLS``
+        of them, or while fewer than ``MOSTLY_QUEUED`` of the recent calls queued."""
+        paces = [p for p in self._paces if p is not None]
+        if len(paces) < MIN_CALLS or len(paces) < MOSTLY_QUEUED * len(self._paces):
             return None
-        return sum(s for s, _ in self._paces) / sum(n for _, n in self._paces)
+        return sum(s for s, _ in paces) / sum(n for _, n in paces)
 
     def latency_s(self) -> float | None:
         """The median latency (sent to arrived) of the recent calls; None if there are none."""

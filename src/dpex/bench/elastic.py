@@ -13,13 +13,15 @@ clusters around it.
   workers on the first K nodes, for each K in ``--nodes`` (the custom resource
   ``dpex_bench_upto_K``). Batches/s over the steady epochs; the ratio dpex(K) / torch is taken
   within a repeat. Target: K nodes >= 0.925 K x torch on one (2 nodes: 1.85x; the limit is K).
-* ``unequal``: 2 such nodes (nodes 0 and 1 of scaleout's cluster: one cluster serves both,
-  started once); node 1's cores also run a busy process each (``while True:
-  pass``, normal priority). Per repeat: torch on node 0 alone; the same torch loader with its
-  workers pinned to node 1's cores (``worker_init_fn``: what node 1 can give under that load);
-  dpex over both nodes with its workers at Ray's worker niceness (15) and at the trainer's
-  (``WorkerOptions(niceness=15 / "trainer")``). Target: dpex >= 0.9 x (torch on node 0 +
-  node 1's capacity), and never below torch on node 0 alone; both ratios within a repeat.
+* ``unequal``: 2 such nodes, started for it alone; node 1's cores also run a busy process
+  each (``while True: pass``, normal priority) in node 1's session, so it competes with the
+  node's workers by niceness (``nodes.py``: with autogroup scheduling, a process in another
+  session takes half a core whatever the niceness). Per repeat: torch on node 0 alone; the
+  same torch loader with its workers pinned to node 1's cores (``worker_init_fn``: what
+  node 1 can give under that load); dpex over both nodes with its workers at Ray's worker
+  niceness (15) and at the trainer's (``WorkerOptions(niceness=15 / "trainer")``). Target:
+  dpex >= 0.9 x (torch on node 0 + node 1's capacity), and never below torch on node 0
+  alone; both ratios within a repeat, in every repeat.
 * ``autoscale``: one machine, embedded Ray. A training loop that sleeps a fixed step time per
   batch: the per-batch service time of one worker (measured first, a loader with 1 worker
   and nothing else waiting: dpex's when it runs, else torch's) / 1.6, so 2 processes are
@@ -87,10 +89,9 @@ def _child_command(workload: str, spec: dict) -> list[str]:
             "--spec", json.dumps(spec)]
 
 
-def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[int, list[int], list[str]]:
-    """What the pinned workloads need: how many nodes (0: none), the node counts scaleout
-    compares, and notes on what does not fit this machine. scaleout and unequal share one
-    cluster (nodes 0 and 1 are unequal's), so it starts and stops once."""
+def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[list[int], list[str]]:
+    """The node counts scaleout compares, and notes on what does not fit this machine
+    (unequal needs 2 nodes)."""
     from dpex.bench.nodes import why_not
 
     cpn = config.cores_per_node
@@ -99,14 +100,9 @@ def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[int, list
         counts = sorted({k for k in config.nodes if why_not(k, cpn) is None})
         notes += [f"scaleout on {k} node(s): {why_not(k, cpn)}" for k in sorted(set(config.nodes))
                   if k not in counts]
-    need = max(counts, default=0)
-    if "unequal" in workloads:
-        reason = why_not(2, cpn)
-        if reason:
-            notes.append(f"unequal: {reason}")
-        else:
-            need = max(need, 2)
-    return need, counts, notes
+    if "unequal" in workloads and why_not(2, cpn):
+        notes.append(f"unequal: {why_not(2, cpn)}")
+    return counts, notes
 
 
 def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, counts: list[int]
@@ -121,7 +117,7 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, cou
                      f"{workers} cores can work at once (pass --workers)")
     spec = {"address": cluster.address, "node_cores": cluster.node_cores, "nodes": counts,
             "workers": workers, "epochs": config.epochs, "repeats": config.repeats,
-            "items": ITEMS_PER_CORE[config.size] * cores,
+            "items": ITEMS_PER_CORE[config.size] * cores, "pool": config.pool_images,
             "data_dir": str(config.data_dir) if config.data_dir else None}
     log(f"  scaleout: {len(cluster.node_cores)} node(s) at {cluster.address}, cores "
         f"{cluster.node_cores}; the trainer on node 0; dpex on the first {counts} node(s)")
@@ -133,28 +129,26 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, cou
 
 def run_unequal(config: ElasticConfig, log: Callable[[str], None], cluster
                 ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.bench.nodes import BusyLoop, plain_env
+    from dpex.bench.nodes import plain_env
 
-    with BusyLoop(cluster.node_cores[1]) as busy:
-        spec = {"address": cluster.address, "node_cores": cluster.node_cores[:2],
-                "workers": config.workers_for("unequal"), "epochs": config.epochs,
-                "repeats": config.repeats,
-                "items": ITEMS_PER_CORE[config.size] * 2 * config.cores_per_node,
-                "data_dir": str(config.data_dir) if config.data_dir else None}
-        log(f"  unequal: nodes 0 and 1 at {cluster.address}, cores {cluster.node_cores[:2]}; "
-            f"a busy process on each of node 1's cores")
-        records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
-                             log, timeout_s=4 * 3600)
-        _note_cluster(records, cluster, busy)
+    spec = {"address": cluster.address, "node_cores": cluster.node_cores[:2],
+            "workers": config.workers_for("unequal"), "epochs": config.epochs,
+            "repeats": config.repeats,
+            "items": ITEMS_PER_CORE[config.size] * 2 * config.cores_per_node,
+            "pool": config.pool_images, "data_dir": str(config.data_dir) if config.data_dir else None}
+    log(f"  unequal: 2 node(s) at {cluster.address}, cores {cluster.node_cores}; a busy "
+        f"process on each of node 1's cores, in its session (nodes.py)")
+    records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
+                         log, timeout_s=4 * 3600)
+    _note_cluster(records, cluster)
     return records, []
 
 
-def _note_cluster(records: list[ElasticRecord], cluster, busy=None) -> None:
+def _note_cluster(records: list[ElasticRecord], cluster) -> None:
     """What was started for these records (so a test can check it is all gone after)."""
-    raylets = cluster.raylet_pids()
+    raylets, busy = cluster.raylet_pids(), cluster.busy_pids()
     for rec in records:
-        rec.extra.update(raylet_pids=raylets, ray_temp_dir=cluster.temp_dir,
-                         busy_pids=[p.pid for p in busy.procs] if busy else [])
+        rec.extra.update(raylet_pids=raylets, ray_temp_dir=cluster.temp_dir, busy_pids=busy)
 
 
 def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
@@ -180,40 +174,36 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
 def run_elastic(workloads: list[str], config: ElasticConfig,
                 log: Callable[[str], None] = print) -> tuple[list[ElasticRecord], list[str]]:
     """Run the selected elastic workloads; their records, and notes on what was skipped.
-    The pinned ones share one cluster, stopped before autoscale (on the embedded Ray) runs."""
-    from dpex.bench.nodes import NodeCluster
+    scaleout and unequal each start their own pinned nodes (unequal's node 1 with its busy
+    process) and stop them before the next workload runs."""
+    from dpex.bench.nodes import NodeCluster, why_not
     from dpex.bench.workloads import default_data_dir, jpeg_files
 
     jpeg_files(Path(config.data_dir or default_data_dir()), count=256, width=500, height=375)
-    need, counts, notes = pinned_nodes(workloads, config)
+    counts, notes = pinned_nodes(workloads, config)
     records: list[ElasticRecord] = []
 
-    def attempt(name: str, run: Callable[[], tuple[list[ElasticRecord], list[str]]]) -> None:
+    def attempt(name: str, cluster: NodeCluster | None,
+                run: Callable[..., tuple[list[ElasticRecord], list[str]]]) -> None:
         try:
-            recs, more = run()
+            if cluster is None:
+                recs, more = run()
+            else:
+                with cluster:  # stops itself if it fails to start
+                    recs, more = run(cluster)
         except Exception as exc:  # a cluster that would not start must not sink the suite
             traceback.print_exc()
             recs, more = [], [f"{name}: failed: {type(exc).__name__}: {exc}"]
         records.extend(recs)
         notes.extend(more)
 
-    cluster = None
-
-    def started():
-        nonlocal cluster
-        if cluster is None:  # unequal's loaders ask for dpex_bench_upto_2: nodes 0 and 1
-            cluster = NodeCluster(need, config.cores_per_node,
-                                  upto=sorted(set(counts) | {2})).start()  # stops itself if it fails
-        return cluster
-
-    try:
-        if "scaleout" in workloads and counts:  # else a note says why
-            attempt("scaleout", lambda: run_scaleout(config, log, started(), counts))
-        if "unequal" in workloads and need >= 2:
-            attempt("unequal", lambda: run_unequal(config, log, started()))
-    finally:
-        if cluster is not None:
-            cluster.stop()
+    cpn = config.cores_per_node
+    if "scaleout" in workloads and counts:  # else a note says why
+        attempt("scaleout", NodeCluster(max(counts), cpn, upto=counts),
+                lambda cluster: run_scaleout(config, log, cluster, counts))
+    if "unequal" in workloads and why_not(2, cpn) is None:
+        attempt("unequal", NodeCluster(2, cpn, upto=[2], busy_nodes=[1]),
+                lambda cluster: run_unequal(config, log, cluster))
     if "autoscale" in workloads:
-        attempt("autoscale", lambda: run_autoscale(config, log))
+        attempt("autoscale", None, lambda: run_autoscale(config, log))
     return records, notes

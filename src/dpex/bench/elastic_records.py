@@ -97,6 +97,7 @@ class ElasticConfig:
     workers: int | None = None  # None: DEFAULT_WORKERS
     nodes: list[int] = field(default_factory=lambda: [1, 2])
     cores_per_node: int = 1
+    pool_images: int = 1  # scaleout, unequal: average-pool each image KxK (smaller batches)
     data_dir: Path | None = None
 
     def workers_for(self, workload: str) -> int:

@@ -33,16 +33,23 @@ def _jpeg_files(data_dir: str | None) -> list[str]:
 
 class Probed:
     """A map-style dataset whose samples also say where they were made: ``core`` (the lowest
-    core the worker may run on, so the node) and ``nice`` (its thread's niceness)."""
+    core the worker may run on, so the node) and ``nice`` (its thread's niceness). With
+    ``pool`` > 1 each image is average-pooled ``pool`` x ``pool`` after the same CPU work:
+    a batch ``pool``² times smaller (``dpex bench --pool-images``)."""
 
-    def __init__(self, dataset) -> None:
+    def __init__(self, dataset, pool: int = 1) -> None:
         self.dataset = dataset
+        self.pool = pool
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         sample = dict(self.dataset[i])
+        if self.pool > 1:
+            import torch
+
+            sample["x"] = torch.nn.functional.avg_pool2d(sample["x"], self.pool)
         sample["core"] = min(os.sched_getaffinity(0))
         sample["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
         return sample
@@ -77,6 +84,8 @@ def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
     for batch in loader:
         items += batch_len(batch)
         batches += 1
+        if isinstance(batch, dict) and "x" in batch and "batch_mb" not in rec.extra:
+            rec.extra["batch_mb"] = round(batch["x"].nbytes / 2**20, 2)
         if isinstance(batch, dict) and "core" in batch:
             for core, count in zip(*[t.tolist() for t in batch["core"].unique(return_counts=True)]):
                 per_node[node_of_core.get(core, -1)] += count
@@ -89,6 +98,8 @@ def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
         for name in ("processes", "niceness_denied", "moves"):
             if hasattr(snap, name):
                 rec.extra[name] = getattr(snap, name)
+        rec.extra["scaling_events"] = [f"{e.at_s:.1f}s {e.from_processes}->{e.to_processes} "
+                                       f"{e.reason}" for e in snap.scaling_events]
     if per_node:
         totals = Counter(rec.extra.get("items_per_node", {}))
         totals.update({str(k): v for k, v in per_node.items()})
@@ -132,7 +143,7 @@ def interleave(builders: list[tuple[ElasticRecord, Callable[[], Any]]], epochs: 
 def _dataset(spec: dict) -> Probed:
     from dpex.bench.workloads import JpegFolder
 
-    return Probed(JpegFolder(_jpeg_files(spec["data_dir"]), spec["items"]))
+    return Probed(JpegFolder(_jpeg_files(spec["data_dir"]), spec["items"]), spec.get("pool", 1))
 
 
 def _torch_loader(dataset, workers: int, **extra):

@@ -19,6 +19,13 @@ Rules kept here, because other Ray clusters on the machine belong to others:
 * Every node gets the trainer's ``dpex`` on its ``PYTHONPATH``, so its workers run the same
   code as the trainer (not whichever dpex is installed).
 
+A node in ``busy_nodes`` also runs a ``while True: pass`` process on each of its cores, at
+normal priority, in the node's own session: on Linux with autogroup scheduling (the
+default of most distributions' kernels), CPU time is shared between sessions first and by
+niceness only within one, so a busy process in another session takes half a core whatever
+the workers' niceness, while one in the node's session (as a trainer that Ray Jobs started,
+or any process the node's own launcher started) competes with them by niceness.
+
 Node ``i`` carries the custom resource ``dpex_bench_upto_K`` (1000 units) for every node
 count ``K`` in ``upto`` with ``i < K``: a loader whose workers ask for
 ``resources={"dpex_bench_upto_K": 0.001}`` runs on the first ``K`` nodes only.
@@ -34,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,6 +51,7 @@ import time
 from collections.abc import Sequence
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+BUSY_LOOP = "while True: pass"
 
 
 def upto_resource(k: int) -> str:
@@ -97,7 +106,8 @@ class NodeCluster:
     """
 
     def __init__(self, nodes: int, cores_per_node: int = 1, upto: Sequence[int] = (),
-                 object_store_mb: int = 1024, start_timeout_s: float = 180.0) -> None:
+                 object_store_mb: int = 1024, start_timeout_s: float = 180.0,
+                 busy_nodes: Sequence[int] = ()) -> None:
         reason = why_not(nodes, cores_per_node)
         if reason:
             raise RuntimeError(f"cannot start {nodes} pinned node(s): {reason}")
@@ -105,6 +115,7 @@ class NodeCluster:
         self.node_cores = [cores[i * cores_per_node:(i + 1) * cores_per_node]
                            for i in range(nodes)]
         self.upto = tuple(upto)
+        self.busy_nodes = tuple(busy_nodes)
         self.object_store_mb = object_store_mb
         self.start_timeout_s = start_timeout_s
         self.groups: list[int] = []  # process-group ids (= pids of the `ray start`s)
@@ -141,6 +152,10 @@ class NodeCluster:
                f"--object-store-memory={self.object_store_mb * 2**20}",
                f"--dashboard-agent-listen-port={free_port()}",
                f"--resources={json.dumps(resources)}", "--disable-usage-stats"]
+        if i in self.busy_nodes:  # started by the shell that then becomes `ray start`
+            loops = " ".join(f"taskset -c {core} {shlex.quote(sys.executable)} -c "
+                             f"'{BUSY_LOOP}' </dev/null >/dev/null 2>&1 &" for core in self.node_cores[i])
+            cmd = ["sh", "-c", f'{loops} exec "$@"', "sh", *cmd]
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.groups.append(proc.pid)  # its daemons stay in the group it leads
@@ -206,6 +221,10 @@ class NodeCluster:
                 pids.append(int(entry))
         return pids
 
+    def busy_pids(self) -> list[int]:
+        """The busy processes of ``busy_nodes`` still alive."""
+        return [pid for pid in self.member_pids() if BUSY_LOOP in cmdline(pid)]
+
     def raylet_pids(self) -> list[int]:
         """The raylet processes of this cluster still alive (empty once stopped)."""
         return [pid for pid in self.member_pids() if _comm(pid) == "raylet"]
@@ -235,23 +254,3 @@ def _comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
-
-
-class BusyLoop:
-    """A ``while True: pass`` process at normal priority on ``cores`` (killed by its pid)."""
-
-    def __init__(self, cores: Sequence[int]) -> None:
-        self.cores = list(cores)
-        self.procs: list[subprocess.Popen] = []
-
-    def __enter__(self) -> BusyLoop:
-        for core in self.cores:  # one per core, each pinned to its core
-            self.procs.append(subprocess.Popen(
-                ["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"],
-                stdin=subprocess.DEVNULL, start_new_session=True))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for proc in self.procs:
-            proc.kill()
-            proc.wait(timeout=30)
