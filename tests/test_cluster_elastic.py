@@ -80,16 +80,21 @@ def reference(dataset, **kwargs) -> list:
     return list(loader)
 
 
+def dpex_against_torch(dataset, reference_collate=None, **kwargs):
+    """One epoch of dpex, bitwise torch's (whose loader takes ``reference_collate`` when
+    given); dpex's stats."""
+    expected = reference(dataset, **{**kwargs, **(
+        {"collate_fn": reference_collate} if reference_collate else {})})
+    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
+                             distribute_mode=True, **kwargs)
+    assert_batches_equal(expected, list(loader))
+    return loader.stats()
+
+
 def test_workers_move_off_a_slow_node(cluster):
     slow = next(iter(cluster.worker_nodes)).node_id
     dataset = SlowOnOneNode(1200, slow_node=slow, slow_s=0.03, fast_s=0.002)
-    kwargs = dict(batch_size=4, num_workers=4, shuffle=True)
-    expected = reference(dataset, **kwargs)
-    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
-                             distribute_mode=True, **kwargs)
-    batches = list(loader)
-    assert_batches_equal(expected, batches)
-    stats = loader.stats()
+    stats = dpex_against_torch(dataset, batch_size=4, num_workers=4, shuffle=True)
     assert stats.moves >= 2, stats.scaling_events
     assert any("moved workers" in e.reason for e in stats.scaling_events)
     # Processes were placed by CPUs (one node each); most batches came from the fast one.
@@ -101,14 +106,9 @@ def test_workers_move_off_a_node_whose_results_arrive_slowly(cluster):
     # more each to leave it. Judged by busy time alone nothing would move (issue 18).
     slow = next(iter(cluster.worker_nodes)).node_id
     dataset = SlowOnOneNode(2000, slow_node=None, slow_s=0, fast_s=0.001)
-    kwargs = dict(batch_size=4, num_workers=4, shuffle=True,
-                  collate_fn=CollateThenSendSlowly(slow, 0.04))
-    expected = reference(dataset, **{**kwargs, "collate_fn": CollateThenSendSlowly(None, 0)})
-    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
-                             distribute_mode=True, **kwargs)
-    batches = list(loader)
-    assert_batches_equal(expected, batches)
-    stats = loader.stats()
+    stats = dpex_against_torch(dataset, reference_collate=CollateThenSendSlowly(None, 0),
+                               batch_size=4, num_workers=4, shuffle=True,
+                               collate_fn=CollateThenSendSlowly(slow, 0.04))
     assert stats.moves >= 1, stats.scaling_events
     assert stats.per_node.get(slow, 0) < stats.batches / 2, (stats.per_node, stats.scaling_events)
 
