@@ -76,6 +76,8 @@ class Receive:
             return  # it was there: no stall
         deadline = None
         while True:
+            if target is not None and target not in self._calls:
+                return  # a recovery replaced the call: the caller looks for the new one
             starting = {s.ready_ref: s for s in self._slots if s.ready_ref is not None}
             starting.update({p.ready_ref: p for p in self._procs if p.ready_ref is not None})
             if self._timeout > 0 and (deadline is None or starting):
@@ -86,7 +88,7 @@ class Receive:
             if target is None:
                 refs = list(self._calls)
             else:
-                refs = [target] + [r for r in self._unarrived if r is not target
+                refs = [target] + [r for r in self._unarrived if r != target
                                    and r in self._calls]
             waiting = time.perf_counter()
             ready, _ = wait(refs + list(starting), num_returns=1, timeout=slice_s)
@@ -98,7 +100,7 @@ class Receive:
                         self._on_started(starting[ref])
                 elif ref not in self._calls:  # dropped by a recovery just now
                     continue
-                elif target is None or ref is target:
+                elif target is None or ref == target:  # ray.wait may return a new handle
                     self._collect(ref, timeout=None)
                     filed = True
                 elif ref in self._unarrived:
