@@ -153,8 +153,9 @@ class NodeCluster:
                f"--dashboard-agent-listen-port={free_port()}",
                f"--resources={json.dumps(resources)}", "--disable-usage-stats"]
         if i in self.busy_nodes:  # started by the shell that then becomes `ray start`
-            loops = " ".join(f"taskset -c {core} {shlex.quote(sys.executable)} -c "
-                             f"'{BUSY_LOOP}' </dev/null >/dev/null 2>&1 &" for core in self.node_cores[i])
+            python = shlex.quote(sys.executable)
+            loops = " ".join(f"taskset -c {core} {python} -c {shlex.quote(BUSY_LOOP)} "
+                             "</dev/null >/dev/null 2>&1 &" for core in self.node_cores[i])
             cmd = ["sh", "-c", f'{loops} exec "$@"', "sh", *cmd]
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
