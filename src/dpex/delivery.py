@@ -89,13 +89,22 @@ class DeliveryRecord:
         return statistics.median(self._latencies) if self._latencies else None
 
 
+def slower_time(busy_s: float | None, delivered_s: float | None) -> float | None:
+    """Seconds per task of a process: the slower of its time busy inside the task and its
+    delivered pace; None while both are unknown.
+
+    >>> slower_time(0.1, None), slower_time(0.1, 0.4), slower_time(None, None)
+    (0.1, 0.4, None)
+    """
+    times = [t for t in (busy_s, delivered_s) if t]
+    return max(times) if times else None
+
+
 def speed(busy_s: float | None, delivered_s: float | None) -> float:
-    """Tasks per second of a process: the lower of its speed busy inside the task
-    (``busy_s`` per task) and its delivered speed (``delivered_s`` per task); 0 while both
-    are unknown.
+    """Tasks per second of a process (``slower_time``); 0 while unknown.
 
     >>> speed(0.1, None), speed(0.1, 0.4), speed(None, 0.25)
     (10.0, 2.5, 4.0)
     """
-    times = [t for t in (busy_s, delivered_s) if t]
-    return 1.0 / max(times) if times else 0.0
+    seconds = slower_time(busy_s, delivered_s)
+    return 1.0 / seconds if seconds else 0.0

@@ -18,7 +18,7 @@ import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayError
 
 from dpex import user_code
-from dpex.delivery import DeliveryRecord, speed
+from dpex.delivery import DeliveryRecord, slower_time, speed
 from dpex.local_workers import LocalActor, LocalProcessDied, get
 from dpex.placement import NoEligibleNodeError, eligible_nodes
 from dpex.pool import POOL, kill_quietly
@@ -61,8 +61,7 @@ class ProcessHandle:
 
     def seconds_per_task(self) -> float | None:
         """The slower of its busy time per task and its delivered pace; None while unknown."""
-        times = [t for t in (self.busy_s, self.delivery.seconds_per_task()) if t]
-        return max(times) if times else None
+        return slower_time(self.busy_s, self.delivery.seconds_per_task())
 
     def speed(self) -> float:
         """Tasks per second it delivers while it has work (``delivery.speed``); 0 while
@@ -256,6 +255,7 @@ class ProcessLifecycle:
             lost = list(slot.in_flight.items())
             for ref in [r for r, (s, _) in self._calls.items() if s is slot]:
                 del self._calls[ref]
+                self._unarrived.pop(ref, None)
             slot.restarts += 1
             self._begin_slot(slot)
             for task_id, index in lost:

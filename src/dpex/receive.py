@@ -88,8 +88,7 @@ class Receive:
             if target is None:
                 refs = list(self._calls)
             else:
-                refs = [target] + [r for r in self._unarrived if r != target
-                                   and r in self._calls]
+                refs = [target] + [r for r in self._unarrived if r != target]
             waiting = time.perf_counter()
             ready, _ = wait(refs + list(starting), num_returns=1, timeout=slice_s)
             self._stalled += time.perf_counter() - waiting
@@ -116,8 +115,6 @@ class Receive:
         """Note the calls whose results are on the trainer's node now, and have Ray start
         pulling those ready on another node at once, not when their turn in torch's order
         comes (issue 18: a large batch would otherwise begin its transfer only then)."""
-        for ref in [r for r in self._unarrived if r not in self._calls]:  # dropped by recovery
-            del self._unarrived[ref]
         if self._unarrived:
             self._arrived(ready_here(list(self._unarrived)), time.time())
 

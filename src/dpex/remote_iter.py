@@ -196,7 +196,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._torch_dispatched = skip + self._prefetch_factor * self._num_workers
         self._arrivals: deque[int] = deque()  # received task ids, in arrival order
         self._calls: dict[Any, tuple[WorkerSlot, list[int]]] = {}  # ref -> slot, task ids
-        # Calls whose result was not seen on the trainer's node yet: ref -> (sent, process).
+        # Calls whose result was not seen on the trainer's node yet: ref -> (sent, process);
+        # a call leaves it when it arrives, is collected, or is dropped by a recovery.
         # NOTE [ dpex Delivered Rate ] (delivery.py).
         self._unarrived: dict[Any, tuple[float, ProcessHandle]] = {}
         self._task_ref: dict[int, Any] = {}

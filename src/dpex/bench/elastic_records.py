@@ -104,7 +104,6 @@ class ElasticConfig:
         return self.workers or DEFAULT_WORKERS[workload]
 
 
-
 def progress_line(rec: ElasticRecord) -> str:
     head = (f"  {rec.workload:9} {rec.loader:17} nodes={rec.nodes} N={rec.workers} "
             f"repeat {rec.repeat}")

@@ -24,8 +24,12 @@ from dpex.bench.elastic_records import ElasticRecord
 from dpex.bench.report import Target, save_figure
 
 
+def _known(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and v == v]
+
+
 def _median(values: Iterable[float | None]) -> float | None:
-    values = [v for v in values if v is not None and v == v]
+    values = _known(values)
     return statistics.median(values) if values else None
 
 
@@ -34,12 +38,12 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _worst(values: Iterable[float | None]) -> float | None:
-    values = [v for v in values if v is not None and v == v]
+    values = _known(values)
     return min(values) if values else None
 
 
 def _best(values: Iterable[float | None]) -> float | None:
-    values = [v for v in values if v is not None and v == v]
+    values = _known(values)
     return max(values) if values else None
 
 
