@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpex.scaling import (Autoscale, AutoscalePolicy, Window, allocate, plan_moves,
-                          processes_for, throughput)
+from dpex.scaling import (Autoscale, AutoscalePolicy, Window, allocate, node_limit,
+                          plan_moves, processes_for, throughput)
 
 
 def test_allocate_is_proportional_and_maximises_the_slowest_share():
@@ -53,6 +53,27 @@ def test_plan_moves_balances_nodes_by_their_summed_speed():
     # busy core's share to itself: nothing moves back.
     assert plan_moves([4.5, 4.5, 4.5, 3.0], [[0, 3], [1], [2], []], {0, 1, 2, 3},
                       min_gain=1.3, nodes=["a", "a", "b", "b"]) == []
+
+
+def test_a_node_gives_no_more_than_its_cpus():
+    """The speeds above, read while node a's processes took turns waiting for work (the
+    unequal bench at the end of its warm-up: node 1 slow, so node 0's two processes idled
+    in turn). Each task costs 0.1 CPU s, so node a's one CPU gives 10 tasks/s, not 14: 3
+    workers there would make 13.3 batches/s against 12 now, short of the margin."""
+    speeds, hosted, every = [7.0, 7.0, 3.0, 3.0], [[0], [1], [2], [3]], {0, 1, 2, 3}
+    nodes = ["a", "a", "b", "b"]
+    limits = {"a": node_limit(1.0, 0.1), "b": node_limit(1.0, 0.1)}
+    assert plan_moves(speeds, hosted, every, 1.3, nodes=nodes, limits=limits) == []
+    # A limit above the summed speeds changes nothing: the move of the test above stays.
+    assert plan_moves(speeds, hosted, every, 1.3, nodes=nodes,
+                      limits={"a": 20.0}) == [(3, 3, 0)]
+    # On the trainer's node the trainer's CPU use is not the workers': a trainer that takes
+    # 0.6 of node a's CPU leaves it 4 tasks/s, and a worker moves off it.
+    assert node_limit(1.0, 0.1, trainer_cpus=0.6) == pytest.approx(5.0)  # keeps half
+    assert node_limit(1.0, 0.1, trainer_cpus=0.25) == pytest.approx(7.5)
+    assert plan_moves([7.0, 7.0, 7.0, 7.0], hosted, every, 1.3, nodes=nodes,
+                      limits={"a": node_limit(1.0, 0.1, trainer_cpus=0.6)}) == [(1, 1, 2)]
+    assert node_limit(1.0, None) is None and node_limit(0.0, 0.1) is None  # not known yet
 
 
 def test_processes_for_defaults_to_torchs_layout():

@@ -30,7 +30,9 @@ What decides (this module, on the training thread, at most once per window)
     window, ``scaling.plan_moves`` moves workers from slow processes to fast ones if the
     predicted throughput rises by 30% or more (the margin keeps noise from moving them).
     It balances nodes first, by their summed process speeds (a node's processes share its
-    CPUs), then the processes of each node.
+    CPUs), at most what the node's CPUs give (its CPUs, less the trainer's own use on its
+    node, over the CPU seconds a task costs: speeds measured while a node's other processes
+    waited add up to more than that), then the processes of each node.
     A process left with no workers keeps its last measured speed, drifting back toward the
     others' so it is tried again later (a busy node may have become free).
   * New nodes (fixed process count): when the loop waits and a node joined that placement
@@ -57,8 +59,8 @@ from typing import TYPE_CHECKING, Any
 
 from dpex.cluster_growth import ADDED_NODE_KEEP_S
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
-from dpex.scaling import (AutoscalePolicy, Window, allocate, median, plan_moves, processes_for,
-                          without_reversals)
+from dpex.scaling import (AutoscalePolicy, Window, allocate, median, node_limit, plan_moves,
+                          processes_for, without_reversals)
 
 if TYPE_CHECKING:
     from dpex.cluster_growth import ClusterGrowth
@@ -93,6 +95,10 @@ class ElasticControl:
         # includes the loader's own cost per batch, and would read as a stall that more
         # processes cannot cure).
         self._last: tuple[float, float, int] | None = None
+        # The trainer process's CPU time at the window's start, and the CPUs it used over the
+        # last window: on its node, those are not the workers'.
+        self._trainer_cpu_at = time.process_time()
+        self._trainer_cpus = 0.0
         self._swap: tuple[ProcessHandle, ProcessHandle] | None = None  # (new, old) for a new node
         self._filling = False  # processes were added: move workers onto them once up
         self._growth = growth if self._policy is not None else None
@@ -162,6 +168,9 @@ class ElasticControl:
         if now - started < self._window_s:
             return
         self._last = (now, stats.stall_s, stats.batches)
+        cpu = time.process_time()
+        self._trainer_cpus = (cpu - self._trainer_cpu_at) / (now - started)
+        self._trainer_cpu_at = cpu
         procs = self._live()
         if not procs:
             return
@@ -266,7 +275,7 @@ class ElasticControl:
         hosted = [[s.worker_id for s in self._it._hosted(p)] for p in procs]
         movable = {s.worker_id for s in self._it._slots if self._it._movable(s)}
         planned = plan_moves([p.speed() for p in procs], hosted, movable, min_gain,
-                             nodes=[p.node_id for p in procs])
+                             nodes=[p.node_id for p in procs], limits=self._node_limits(procs))
         now = time.monotonic()
         self._recent_moves = [m for m in self._recent_moves if now - m[0] < _REVERSAL_COOLDOWN_S]
         moves = without_reversals([(w, procs[s], procs[d]) for w, s, d in planned],
@@ -281,6 +290,22 @@ class ElasticControl:
             self._it._stats.record_scaling(
                 count, count, f"moved workers {sorted(w for w, _, _ in moves)} {why} ({speeds})")
         return len(moves)
+
+    def _node_limits(self, procs: list[ProcessHandle]) -> dict[Any, float]:
+        """For each node hosting workers, the most tasks/s its CPUs can give
+        (``scaling.node_limit``): its CPUs, less the trainer's on the trainer's node, over
+        the median CPU seconds per task of its processes."""
+        trainer = self._it._picker.trainer_node_id
+        cpus = eligible_node_cpus(self._options, trainer)
+        limits = {}
+        for node in {p.node_id for p in procs if self._it._hosted(p)}:
+            costs = [p.cpu_s for p in procs
+                     if p.node_id == node and p.cpu_s and self._it._hosted(p)]
+            limit = node_limit(cpus.get(node, 0.0), median(costs) if costs else None,
+                               self._trainer_cpus if node == trainer else 0.0)
+            if limit is not None:
+                limits[node] = limit
+        return limits
 
     def _follow_new_nodes(self) -> None:
         """Fixed count: if placement by CPUs now wants a node with fewer processes than its

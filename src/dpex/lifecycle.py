@@ -52,12 +52,15 @@ class ProcessHandle:
         # node from being removed); 0 when it retires from such a node: killed.
         self.keep_warm_s: float | None = None
         self.busy_s: float | None = None  # moving average of its time per task
+        self.cpu_s: float | None = None  # moving average of its CPU seconds per task
         self.samples = 0
         self.delivery = DeliveryRecord()  # its pace on the trainer's side (delivery.py)
 
-    def record(self, busy_s: float) -> None:
+    def record(self, busy_s: float, cpu_s: float = 0.0) -> None:
         self.samples += 1
         self.busy_s = busy_s if self.busy_s is None else 0.8 * self.busy_s + 0.2 * busy_s
+        if cpu_s > 0:
+            self.cpu_s = cpu_s if self.cpu_s is None else 0.8 * self.cpu_s + 0.2 * cpu_s
 
     def seconds_per_task(self) -> float | None:
         """The slower of its busy time per task and its delivered pace; None while unknown."""

@@ -153,7 +153,7 @@ class Receive:
             self._task_ref.pop(result.task_id, None)
             self._tasks_outstanding -= 1
             slot.position = WorkerPosition(result.rng_state, result.dataset_state)
-            slot.process.record(result.busy_s)
+            slot.process.record(result.busy_s, result.cpu_s)
             if self._is_iterable:
                 slot.replay_log.append(index)
             if result.kind == END:

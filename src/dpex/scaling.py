@@ -10,7 +10,8 @@ slowest logical worker sets the pace. Two questions follow, both answered here:
   The D'Hondt (highest averages) rule maximises that minimum; the same rule places
   processes on nodes in proportion to their CPUs.
   Processes on one node share its CPUs, so ``plan_moves`` applies the rule to nodes first
-  (a node's speed: the sum of its processes'), then to the processes of each node.
+  (a node's speed: the sum of its processes', at most what its CPUs give:
+  ``node_limit``), then to the processes of each node.
 * ``AutoscalePolicy``: given what the training loop waited over a window, how many
   processes the loader should have. It scales on the trainer's own batch time, as Cachew
   (USENIX ATC'22) does, not on queue depth: the trainer's compute time per batch is the
@@ -20,7 +21,7 @@ slowest logical worker sets the pace. Two questions follow, both answered here:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,9 +195,26 @@ class AutoscalePolicy:
             self.ceiling = before
 
 
+def node_limit(cpus: float, cpu_s_per_task: float | None, trainer_cpus: float = 0.0
+               ) -> float | None:
+    """The most tasks/s a node's CPUs can give: its ``cpus`` less the trainer's use of them
+    (``trainer_cpus``; the workers keep at least half, as the scheduler shares a core between
+    two busy parties) over the CPU seconds one task costs; None while that cost is unknown.
+
+    >>> node_limit(1.0, 0.1)
+    10.0
+    >>> node_limit(1.0, 0.1, trainer_cpus=0.25)
+    7.5
+    """
+    if not cpu_s_per_task or cpus <= 0:
+        return None
+    return max(cpus - trainer_cpus, cpus / 2) / cpu_s_per_task
+
+
 def plan_moves(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
                movable: set[int], min_gain: float,
-               nodes: Sequence[Any] | None = None) -> list[tuple[int, int, int]]:
+               nodes: Sequence[Any] | None = None,
+               limits: Mapping[Any, float] | None = None) -> list[tuple[int, int, int]]:
     """Moves ``(worker_id, from_process, to_process)`` that bring the logical workers'
     layout closer to ``allocate`` over the processes' ``speeds``, or none when the predicted
     throughput would not rise by the factor ``min_gain``. Only ``movable`` workers move (an
@@ -208,8 +226,10 @@ def plan_moves(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
     its workers are spread over them (a process that waits for its next task leaves the CPU
     to the others), so a process that hosts two workers on a busy node is not half as fast
     as the model of separate processes says. Workers are first balanced across nodes, by
-    each node's capacity (the summed speeds of its processes that host workers); only when
-    no move across nodes pays, within each node, by process speed.
+    each node's capacity (the summed speeds of its processes that host workers, at most the
+    node's ``limits`` entry, ``node_limit``: speeds measured while the node's other
+    processes waited for work add up to more than its CPUs give once all of them work);
+    only when no move across nodes pays, within each node, by process speed.
 
     >>> plan_moves([1.0, 0.1], [[0, 2], [1, 3]], {0, 1, 2, 3}, min_gain=1.2)
     [(3, 1, 0), (1, 1, 0)]
@@ -223,8 +243,10 @@ def plan_moves(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
     for proc, node in enumerate(nodes if nodes is not None else range(len(speeds))):
         groups.setdefault(node, []).append(proc)
     members = list(groups.values())
-    capacity = [sum(speeds[p] for p in procs if hosted[p]) or max(speeds[p] for p in procs)
-                for procs in members]
+    limits = limits or {}
+    capacity = [min(sum(speeds[p] for p in procs if hosted[p]) or max(speeds[p] for p in procs),
+                    limits.get(node, math.inf))
+                for node, procs in groups.items()]
     across = _moves_toward_allocation(
         capacity, [[w for p in procs for w in hosted[p]] for procs in members], movable, min_gain)
     if across:

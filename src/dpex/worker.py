@@ -59,6 +59,7 @@ class TaskResult:
     rng_state: RngState | None
     dataset_state: Any = None  # IterableDataset.state_dict() after this task, if it has one
     busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
+    cpu_s: float = 0.0  # the CPU time its threads used meanwhile (what the task costs a node)
     finished_at: float = 0.0  # wall clock when it finished (dpex.timeline)
 
 
@@ -242,7 +243,7 @@ class Worker:
             self._current.rng = RngState.capture()
 
     def _fetch_one(self, replica: _Replica, task_id: int, index: Any) -> TaskResult:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         self._activate(replica)
         if replica.init_error is not None:
             # torch reports a worker_init_fn failure on that worker's first task.
@@ -259,7 +260,8 @@ class Worker:
             payload, kind = RemoteError.capture(replica.worker_id, index), ERROR
         state = dataset_state(replica.dataset) if replica.stateful and kind == DATA else None
         return TaskResult(task_id, kind, payload, RngState.capture(), state,
-                          time.perf_counter() - started, time.time())
+                          time.perf_counter() - started, time.process_time() - cpu_started,
+                          time.time())
 
     def _set_niceness(self, niceness: int) -> None:
         """Run every thread of this process at ``niceness``; remember when the system refuses

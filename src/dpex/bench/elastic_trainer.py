@@ -100,6 +100,9 @@ def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
                 rec.extra[name] = getattr(snap, name)
         rec.extra["scaling_events"] = [f"{e.at_s:.1f}s {e.from_processes}->{e.to_processes} "
                                        f"{e.reason}" for e in snap.scaling_events]
+    timeline = getattr(loader, "timeline", None)  # dpex's: where its last epochs' time went
+    if timeline is not None:
+        rec.extra["timeline"] = timeline().summary()
     if per_node:
         totals = Counter(rec.extra.get("items_per_node", {}))
         totals.update({str(k): v for k, v in per_node.items()})
