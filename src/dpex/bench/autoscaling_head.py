@@ -41,27 +41,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Optional
 
-# The fake provider gives the head this node id (``ray start`` sets it when RAY_FAKE_CLUSTER is
-# in its environment) and its added nodes ...00001, ...00002, ... in launch order.
-FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
-FAKE_PROVIDER_CLASS = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider"
-HEAD_NODE_TYPE = "ray.head.default"  # the name the fake provider gives the head's type
-MIB = 1024 * 1024
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the kernel's pick)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
+from dpex.bench.autoscaling_config import (FAKE_HEAD_NODE_ID, HEAD_NODE_TYPE, MIB,
+                                           autoscaling_config, validate)
+from dpex.bench.process_tree import cluster_processes, end_processes, free_port, has_env
 
 class AutoscalingHead:
     """A Ray head with a real autoscaler (fake_multinode provider) on this machine.
@@ -134,71 +122,11 @@ class AutoscalingHead:
     # --- config -----------------------------------------------------------------------------
 
     def config(self) -> dict:
-        """The full autoscaling config (what example.yaml plus AutoscalingCluster would give).
-
-        The autoscaler reads the file as it is (no defaults are filled in for a config given
-        to ``ray start --autoscaling-config``), so every top-level key it touches is here:
-        the command lists and file-mount fields (empty: the provider runs no commands) and
-        the provider flags that keep it from trying SSH updaters or launch-config checks.
-        """
-        worker_types = {}
-        for name, spec in self.worker_types.items():
-            spec = dict(spec)
-            resources = dict(spec.get("resources", {}))
-            resources.setdefault("object_store_memory", self.object_store_memory)
-            node_type = {
-                "resources": resources,  # the provider pops CPU/GPU/object_store_memory
-                "node_config": spec.get("node_config", {}),
-                "min_workers": spec.get("min_workers", 0),
-                "max_workers": spec.get("max_workers", 1),
-            }
-            for key in ("labels", "idle_timeout_s", "priority"):
-                if key in spec:
-                    node_type[key] = spec[key]
-            worker_types[name] = node_type
-        head_type = {"resources": {"CPU": self.head_cpus, **self.head_resources},
-                     "node_config": {}, "max_workers": 0}
-        provider = {
-            "type": "fake_multinode",
-            # Launched nodes dial this GCS (the provider's default is 6379 on this host).
-            "gcs_address": f"127.0.0.1:{self.port}",
-            "use_node_id_as_ip": True,  # all fake nodes share 127.0.0.1: key them by id
-            "disable_node_updaters": True,  # no SSH setup of launched nodes
-            "disable_launch_config_check": True,
-        }
-        if self.autoscaler_v2:  # as AutoscalingCluster(autoscaler_v2=True) sets them
-            provider["launch_multiple"] = True
-            provider["head_node_id"] = FAKE_HEAD_NODE_ID
-            # v2 fills in the provider type's defaults file, and fake_multinode's
-            # (example.yaml) is not in the wheel: the monitor dies with FileNotFoundError.
-            # The same provider class named as an "external" module has built-in defaults.
-            provider["type"] = "external"
-            provider["module"] = FAKE_PROVIDER_CLASS
-        max_workers = self.max_workers
-        if max_workers is None:
-            max_workers = sum(t["max_workers"] for t in worker_types.values())
-        return {
-            "cluster_name": "fake_multinode",
-            "max_workers": max_workers,
-            "upscaling_speed": self.upscaling_speed,
-            "idle_timeout_minutes": self.idle_timeout_s / 60.0,
-            "provider": provider,
-            "auth": {"ssh_user": "ray"},  # unused by this provider; the schema wants auth
-            "docker": {},
-            "available_node_types": {HEAD_NODE_TYPE: head_type, **worker_types},
-            "head_node_type": HEAD_NODE_TYPE,
-            "file_mounts": {},
-            "cluster_synced_files": [],
-            "file_mounts_sync_continuously": False,
-            "rsync_exclude": [],
-            "rsync_filter": [],
-            "initialization_commands": [],
-            "setup_commands": [],
-            "head_setup_commands": [],
-            "worker_setup_commands": [],
-            "head_start_ray_commands": [],
-            "worker_start_ray_commands": [],
-        }
+        """The full autoscaling config ``ray start`` is given (``autoscaling_config``)."""
+        return autoscaling_config(self.port, self.head_cpus, self.head_resources,
+                                  self.worker_types, self.object_store_memory,
+                                  self.idle_timeout_s, self.upscaling_speed, self.max_workers,
+                                  self.autoscaler_v2)
 
     # --- start ------------------------------------------------------------------------------
 
@@ -216,7 +144,7 @@ class AutoscalingHead:
         self.tmpdir = tempfile.mkdtemp(prefix="dpa", dir="/tmp")  # short: socket paths
         self.port = free_port()
         config = self.config()
-        self._check_config(config)
+        validate(config)
         config_path = os.path.join(self.tmpdir, "autoscaling.json")  # JSON is YAML too
         with open(config_path, "w") as f:
             json.dump(config, f, indent=1)
@@ -275,15 +203,6 @@ class AutoscalingHead:
         self.address = f"127.0.0.1:{self.port}"
         self.start_s = time.monotonic() - t0
         return self.address
-
-    @staticmethod
-    def _check_config(config: dict) -> None:
-        """Validate against Ray's schema now: the autoscaler itself only debug-logs errors."""
-        try:
-            from ray.autoscaler._private.util import validate_config
-        except ImportError:
-            return
-        validate_config(config)
 
     # --- looking at the cluster -------------------------------------------------------------
 
@@ -363,42 +282,7 @@ class AutoscalingHead:
         """
         if self.tmpdir is None:
             return []
-        marker = f"RAY_TMPDIR={self.tmpdir}".encode()
-        mine = set()
-        protected = set()
-        pid = os.getpid()
-        while pid > 1:  # this process and its ancestors
-            protected.add(pid)
-            pid = _ppid(pid) or 1
-        parents: dict[int, int] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    stat = f.read()
-                # after "(comm)": state ppid pgrp ...
-                fields = stat[stat.rindex(b")") + 2:].split()
-                if fields[0] == b"Z":
-                    continue  # a zombie: nothing to kill
-                parents[pid] = int(fields[1])
-                if self._pgid is not None and int(fields[2]) == self._pgid:
-                    mine.add(pid)
-                    continue
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        mine.add(pid)
-            except (OSError, ValueError, IndexError):
-                continue  # gone meanwhile, or not ours to read
-        grew = True
-        while grew:  # descendants
-            grew = False
-            for pid, ppid in parents.items():
-                if ppid in mine and pid not in mine:
-                    mine.add(pid)
-                    grew = True
-        return sorted(mine - protected)
+        return cluster_processes(self._pgid, f"RAY_TMPDIR={self.tmpdir}".encode())
 
     def kill_node(self, node_id: str) -> list[int]:
         """SIGKILL every process of the added node ``node_id`` (its raylet, its workers), as
@@ -407,14 +291,12 @@ class AutoscalingHead:
         marker = f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode()
         killed = []
         for pid in self.processes():
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except OSError:
-                continue
+            if has_env(pid, marker):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except OSError:
+                    continue
         return killed
 
     def stop(self, grace_s: float = 0.5) -> None:
@@ -432,19 +314,7 @@ class AutoscalingHead:
         t0 = time.monotonic()
         self._gcs = None
         self._shutdown_own_driver()
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            pids = self.processes()
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and self.processes():
-                time.sleep(0.1)
-        left = self.processes()
+        left = end_processes(self.processes, grace_s)
         if left:
             raise RuntimeError(f"processes of the head {self.address} outlived SIGKILL: {left}")
         if not self.keep_tmpdir:
@@ -472,15 +342,6 @@ class AutoscalingHead:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _ppid(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def cluster_has_autoscaler(address: str) -> bool:

@@ -43,12 +43,13 @@ import os
 import shutil
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+
+from dpex.bench.process_tree import free_port
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 BUSY_LOOP = "while True: pass"
@@ -57,12 +58,6 @@ BUSY_LOOP = "while True: pass"
 def upto_resource(k: int) -> str:
     """The custom resource carried by the first ``k`` nodes."""
     return f"dpex_bench_upto_{k}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def usable_cores() -> list[int]:
