@@ -30,9 +30,8 @@ What decides (this module, on the training thread, at most once per window)
     window, ``scaling.plan_moves`` moves workers from slow processes to fast ones if the
     predicted throughput rises by 30% or more (the margin keeps noise from moving them).
     It balances nodes first, by their summed process speeds (a node's processes share its
-    CPUs), at most what the node's CPUs give (its CPUs, less the trainer's own use on its
-    node, over the CPU seconds a task costs: speeds measured while a node's other processes
-    waited add up to more than that), then the processes of each node.
+    CPUs), at most what its CPUs give (less the trainer's use, over the CPU seconds a task
+    costs: speeds read while its processes took turns add up to more), then within nodes.
     A process left with no workers keeps its last measured speed, drifting back toward the
     others' so it is tried again later (a busy node may have become free).
   * New nodes (fixed process count): when the loop waits and a node joined that placement
@@ -95,9 +94,8 @@ class ElasticControl:
         # includes the loader's own cost per batch, and would read as a stall that more
         # processes cannot cure).
         self._last: tuple[float, float, int] | None = None
-        # The trainer process's CPU time at the window's start, and the CPUs it used over the
-        # last window: on its node, those are not the workers'.
-        self._trainer_cpu_at = time.process_time()
+        # The trainer's CPU time at the window's start; the CPUs it used in the last window.
+        self._trainer_cpu_at = 0.0
         self._trainer_cpus = 0.0
         self._swap: tuple[ProcessHandle, ProcessHandle] | None = None  # (new, old) for a new node
         self._filling = False  # processes were added: move workers onto them once up
@@ -163,6 +161,7 @@ class ElasticControl:
             # start is not a stall that more processes would cure.
             if stats.epoch_batches > 0:
                 self._last = (now, stats.stall_s, stats.batches)
+                self._trainer_cpu_at = time.process_time()
             return
         started, wait0, batches0 = self._last
         if now - started < self._window_s:
@@ -292,9 +291,8 @@ class ElasticControl:
         return len(moves)
 
     def _node_limits(self, procs: list[ProcessHandle]) -> dict[Any, float]:
-        """For each node hosting workers, the most tasks/s its CPUs can give
-        (``scaling.node_limit``): its CPUs, less the trainer's on the trainer's node, over
-        the median CPU seconds per task of its processes."""
+        """Per node hosting workers, the most tasks/s its CPUs give (``scaling.node_limit``),
+        from the median CPU seconds per task of its processes."""
         trainer = self._it._picker.trainer_node_id
         cpus = eligible_node_cpus(self._options, trainer)
         limits = {}
