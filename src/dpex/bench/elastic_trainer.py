@@ -73,12 +73,36 @@ def _loader_kwargs(workers: int) -> dict[str, Any]:
                 persistent_workers=True, prefetch_factor=PREFETCH_FACTOR)
 
 
+def _core_jiffies() -> dict[str, list[int]]:
+    """Per core, /proc/stat's counters: user nice system idle iowait irq softirq steal."""
+    try:
+        with open("/proc/stat") as f:
+            return {name: [int(v) for v in values[:8]] for name, *values in
+                    (line.split() for line in f if line[:3] == "cpu" and line[3].isdigit())}
+    except OSError:  # not Linux
+        return {}
+
+
+def _core_shares(before: dict[str, list[int]], after: dict[str, list[int]]
+                 ) -> dict[str, dict[str, float]]:
+    """Per core over an epoch: the share of its time idle, and stolen by the hypervisor
+    (a virtual machine's core that ran another guest: no process here sees it)."""
+    shares = {}
+    for core, start in before.items():
+        delta = [b - a for a, b in zip(start, after.get(core, start))]
+        total = sum(delta) or 1
+        shares[core] = {"idle": round((delta[3] + delta[4]) / total, 3),
+                        "steal": round(delta[7] / total, 3)}
+    return shares
+
+
 def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
     """One epoch; tallies items per node and the niceness seen when samples carry them."""
     from dpex.bench.workloads import batch_len
 
     per_node: Counter = Counter()
     nice: set[int] = set()
+    cores_before = _core_jiffies()
     t0 = time.perf_counter()
     items = batches = 0
     for batch in loader:
@@ -92,6 +116,8 @@ def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
             nice.update(batch["nice"].unique().tolist())
         del batch
     rec.epochs.append(Epoch(time.perf_counter() - t0, items, batches))
+    rec.extra.setdefault("cores_per_epoch", []).append(_core_shares(cores_before,
+                                                                    _core_jiffies()))
     stats = getattr(loader, "stats", None)  # dpex's: what elastic workers report, if any
     if stats is not None:
         snap = stats()
