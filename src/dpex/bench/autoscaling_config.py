@@ -57,7 +57,6 @@ def autoscaling_config(port: int, head_cpus: int, head_resources: dict, worker_t
         # The same provider class named as an "external" module has built-in defaults.
         provider["type"] = "external"
         provider["module"] = FAKE_PROVIDER_CLASS
-    max_workers = max_workers
     if max_workers is None:
         max_workers = sum(t["max_workers"] for t in worker_types.values())
     return {

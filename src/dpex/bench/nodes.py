@@ -49,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from dpex.bench.process_tree import free_port
+from dpex.bench.process_tree import free_port, stat_fields
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 BUSY_LOOP = "while True: pass"
@@ -210,10 +210,10 @@ class NodeCluster:
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
-            state, pgid = _state_and_group(int(entry))
-            if state in ("Z", "X", ""):
+            fields = stat_fields(int(entry))
+            if fields is None or fields[0] in ("Z", "X"):
                 continue
-            if pgid in groups or (self.temp_dir and self.temp_dir + os.sep in cmdline(int(entry))):
+            if fields[2] in groups or (self.temp_dir and self.temp_dir + os.sep in cmdline(int(entry))):
                 pids.append(int(entry))
         return pids
 
@@ -232,16 +232,6 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def _state_and_group(pid: int) -> tuple[str, int]:
-    """A process's state letter and process group, from /proc ("", -1 when gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
-        return fields[0], int(fields[2])
-    except (OSError, IndexError, ValueError):
-        return "", -1
 
 
 def _comm(pid: int) -> str:

@@ -21,11 +21,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def parent_of(pid: int) -> int | None:
+def stat_fields(pid: int) -> tuple[str, int, int] | None:
+    """A process's state letter, parent and process group (/proc/PID/stat); None when it
+    is gone or not ours to read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[1])
+        fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm)": state ppid pgrp
+        return fields[0].decode(), int(fields[1]), int(fields[2])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -47,23 +50,19 @@ def cluster_processes(group: int | None, env_entry: bytes) -> list[int]:
     pid = os.getpid()
     while pid > 1:  # this process and its ancestors
         protected.add(pid)
-        pid = parent_of(pid) or 1
+        fields = stat_fields(pid)
+        pid = fields[1] if fields else 1
     mine: set[int] = set()
     parents: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         pid = int(name)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-            fields = stat[stat.rindex(b")") + 2:].split()  # after "(comm)": state ppid pgrp
-            if fields[0] == b"Z":
-                continue
-            parents[pid] = int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or not ours to read
-        if (group is not None and int(fields[2]) == group) or has_env(pid, env_entry):
+        fields = stat_fields(pid)
+        if fields is None or fields[0] == "Z":  # gone meanwhile, or a zombie
+            continue
+        parents[pid] = fields[1]
+        if (group is not None and fields[2] == group) or has_env(pid, env_entry):
             mine.add(pid)
     grew = True
     while grew:  # descendants
