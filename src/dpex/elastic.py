@@ -40,6 +40,8 @@ What decides (this module, on the training thread, at most once per window)
   * Growing the cluster (``Autoscale(grow_cluster=True)`` on a cluster with an autoscaler):
     a count above what the eligible nodes can host is asked of the autoscaler, and
     processes start on the nodes as they join; see NOTE [ dpex Cluster Growth ].
+  These two follow the nodes: they live in node_following.py (``NodeFollowing``, mixed
+  into ``ElasticControl``).
   Every decision is logged in ``loader.stats()``: ``scaling_events`` and the process count
   over time (``process_timeline``), and what was asked of the autoscaler
   (``cluster_requests``).
@@ -56,9 +58,9 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from dpex.cluster_growth import ADDED_NODE_KEEP_S
+from dpex.node_following import NodeFollowing
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
-from dpex.scaling import (AutoscalePolicy, Window, allocate, median, node_limit, plan_moves,
+from dpex.scaling import (AutoscalePolicy, Window, median, node_limit, plan_moves,
                           processes_for, without_reversals)
 
 if TYPE_CHECKING:
@@ -76,8 +78,9 @@ _DRIFT = 0.05  # per window, how far an empty process's speed drifts toward the 
 _REVERSAL_COOLDOWN_S = 30.0  # a worker does not move back to a process it left this recently
 
 
-class ElasticControl:
-    """Decides process counts and moves for one ``_RayDataLoaderIter``; see the NOTE."""
+class ElasticControl(NodeFollowing):
+    """Decides process counts and moves for one ``_RayDataLoaderIter``; see the NOTE.
+    What follows the nodes (joins, the autoscaler) is in ``NodeFollowing``."""
 
     def __init__(self, it: _RayDataLoaderIter, options: WorkerOptions, num_workers: int,
                  start_count: int | None, growth: ClusterGrowth | None = None) -> None:
@@ -101,39 +104,6 @@ class ElasticControl:
         self._filling = False  # processes were added: move workers onto them once up
         self._growth = growth if self._policy is not None else None
         self._recent_moves: list[tuple[float, int, Any, Any]] = []  # (when, worker, from, to)
-
-    def wait_for_nodes(self) -> None:
-        """Before the first processes start: with cluster growth and no eligible node yet
-        (a head that hosts no workers), ask for the first processes and wait for a node."""
-        if self._growth is None:
-            return
-        nodes = eligible_node_cpus(self._options, self._it._picker.trainer_node_id)
-        if self._growth.base_nodes is None:  # the loader's first epoch: what it started with
-            self._growth.base_nodes = set(nodes)
-            self._growth.base_capacity = self._it._picker.capacity(0)
-        if not nodes:
-            self._await_node(self.initial_processes(), "no node can host a worker yet")
-
-    def await_node_for_recovery(self) -> None:
-        """A process died and no eligible node is left (its node went, and the autoscaler
-        had added it): with cluster growth, keep asking and wait for the autoscaler's next
-        node. Otherwise return at once: placement decides, or fails clearly."""
-        if self._growth is None or eligible_node_cpus(self._options,
-                                                      self._it._picker.trainer_node_id):
-            return
-        self._await_node(max(self._growth.asked, len(self._live()), 1),
-                         "a node was lost and no other can host its workers")
-
-    def _await_node(self, processes: int, reason: str) -> None:
-        self._ask(processes, reason)
-        deadline = time.monotonic() + self._options.start_timeout_s
-        trainer = self._it._picker.trainer_node_id
-        while not eligible_node_cpus(self._options, trainer):
-            if time.monotonic() > deadline:
-                raise NoEligibleNodeError(
-                    f"{self._it._picker.describe_request()}; the autoscaler added no such node "
-                    f"within start_timeout_s={self._options.start_timeout_s}")
-            time.sleep(0.5)
 
     def initial_processes(self) -> int:
         if self._policy is None:
@@ -215,42 +185,6 @@ class ElasticControl:
             if self._growth is not None and self._growth.asked:
                 self._ask(target if target > self._growth.base_capacity else 0, reason)
 
-    def _ask(self, processes: int, reason: str) -> None:
-        """Ask the autoscaler for ``processes`` in all (0: withdraw), and log it."""
-        before = self._growth.asked
-        asked = self._growth.ask(processes)
-        if asked != before:
-            self._it._stats.record_cluster_request(self._growth.cpus, asked, reason)
-
-    def _withdraw_unmet_ask(self, window: Window, current: int) -> None:
-        """The loop no longer stalls while part of the ask is still unmet (its nodes had not
-        joined yet): ask only for the processes running now."""
-        growth = self._growth
-        if growth is None or growth.asked <= current:
-            return
-        if window.wait_s / window.elapsed_s < self._options.autoscale.stall_down:
-            self._ask(current if current > growth.base_capacity else 0,
-                      f"training loop waited {window.wait_s / window.elapsed_s:.0%}: the "
-                      f"processes not started yet are no longer needed")
-
-    def _follow_growth(self) -> None:
-        """Nodes the autoscaler added for this loader joined: start processes on them."""
-        live = self._live()
-        if self._growth.asked <= len(live) or self._filling or self._moving():
-            return
-        capacity = self._it._picker.capacity(len(live))
-        added = 0
-        for _ in range(min(self._growth.asked, capacity) - len(live)):
-            try:
-                self._it._add_process(watch=True)
-            except NoEligibleNodeError:
-                break
-            added += 1
-        if added:
-            self._filling = True
-            self._it._stats.record_scaling(len(live), len(live) + added,
-                                           "nodes the autoscaler added joined")
-
     def _fill_new_processes(self) -> bool:
         """Move workers onto processes that just started and host nothing yet."""
         procs = [p for p in self._live() if p.ready_ref is None]
@@ -305,32 +239,6 @@ class ElasticControl:
                 limits[node] = limit
         return limits
 
-    def _follow_new_nodes(self) -> None:
-        """Fixed count: if placement by CPUs now wants a node with fewer processes than its
-        share (it joined mid-epoch), start one there and retire one from a crowded node."""
-        if not self._options.spread:
-            return
-        procs = self._live()
-        cpus = eligible_node_cpus(self._options, self._it._picker.trainer_node_id)
-        nodes = sorted(cpus)
-        ideal = dict(zip(nodes, allocate(len(procs), [cpus[n] for n in nodes])))
-        have = {n: sum(p.node_id == n for p in procs) for n in nodes}
-        if not any(have[n] < ideal[n] for n in nodes):
-            return
-        crowded = [p for p in self._retirable()
-                   if p.node_id not in ideal or have[p.node_id] > ideal[p.node_id]]
-        if not crowded:
-            return
-        try:
-            new = self._it._add_process(watch=True)
-        except NoEligibleNodeError:
-            return
-        self._swap = (new, crowded[0])
-        self._filling = True
-        self._it._stats.record_scaling(
-            len(procs), len(procs), f"a node joined: starting a process on {new.node_id}, "
-                                    f"then retiring process {crowded[0].serial}")
-
     # ----------------------------------------------------------------- helpers
 
     def _retire(self, proc: ProcessHandle, prefer: ProcessHandle | None = None) -> None:
@@ -352,18 +260,6 @@ class ElasticControl:
             self._it._move(slot, dest)
         if not self._it._hosted(proc):
             self._it._drop_process(proc, reuse=True)
-
-    def placed(self, proc: ProcessHandle) -> None:
-        """A process was started or taken from the pool for this iterator."""
-        if self._added_node(proc):
-            proc.keep_warm_s = ADDED_NODE_KEEP_S
-
-    def _added_node(self, proc: ProcessHandle) -> bool:
-        """``proc`` runs on a node that joined after the loader's first epoch began, while it
-        may grow the cluster: retire it first, and do not keep it warm, so the node can go
-        idle."""
-        return (self._growth is not None and proc.node_id is not None
-                and proc.node_id not in (self._growth.base_nodes or ()))
 
     def _retirable(self) -> list[ProcessHandle]:
         """Processes that can give all their workers away, in the order to retire them:
