@@ -31,11 +31,25 @@ When arrivals are seen (receive.py)
   (the only time the rebalancer acts) an arrival is seen when it happens, and otherwise
   within one step of the loop.
 
+A call not arrived yet
+  A call that queued behind one that has arrived has taken at least the time since that
+  arrival: its pace can only be longer. So while it is out, that time is a lower bound on
+  the process's seconds per task (``overdue_s``), known before the call ends. It is what
+  judges a process that crawls (6 s a task next to others' 0.3 s, on a core shared with a
+  normal-priority process while it runs at Ray's niceness 15): waiting for ``MIN_CALLS``
+  paces, or for the rebalancer's 5 finished tasks, would take 30 s there. The bound is
+  read only after a first arrival and only for a call sent before it (a call to an idle
+  process, or a cold process's first, says nothing), and it is dropped when the call
+  arrives.
+
 How it is used
   A process's speed, for the rebalancer and the autoscaler (elastic.py, scaling.py), is
-  the lower of the two: tasks per second busy inside the task, and tasks per second
-  delivered over its last calls (``ProcessHandle.speed``). A process that computes fast and
-  delivers slowly is seen as slow, and loses workers to one that delivers.
+  the lowest of: tasks per second busy inside the task, tasks per second delivered over its
+  last calls, and the bound of a call still out (``ProcessHandle.speed``). A process that
+  computes fast and delivers slowly is seen as slow, and loses workers to one that
+  delivers. The rebalancer acts on a process's speed after 5 finished tasks, or sooner
+  when a call of it is out ``OVERDUE_FACTOR`` times longer than the others' typical time
+  per task (``judged``).
 """
 
 from __future__ import annotations
@@ -48,6 +62,9 @@ from collections import deque
 MIN_CALLS = 3
 KEEP_CALLS = 12
 MOSTLY_QUEUED = 0.5
+# A process with a call out this many times the others' typical seconds per task is judged
+# slow before it has finished enough tasks to be judged by them.
+OVERDUE_FACTOR = 3.0
 
 
 class DeliveryRecord:
@@ -67,6 +84,7 @@ class DeliveryRecord:
         self._paces: deque[tuple[float, int] | None] = deque(maxlen=keep)
         self._latencies: deque[float] = deque(maxlen=keep)
         self._last_arrival: float | None = None
+        self._overdue_s: float | None = None  # the bound of a call still out (note_out)
 
     def arrived(self, sent: float, at: float, tasks: int) -> None:
         """A call sent at ``sent`` with ``tasks`` tasks was seen on the trainer's node ``at``."""
@@ -75,6 +93,31 @@ class DeliveryRecord:
         self._paces.append((max(0.0, at - last), max(1, tasks)) if queued else None)
         self._latencies.append(max(0.0, at - sent))
         self._last_arrival = at if last is None else max(at, last)
+        self._overdue_s = None
+
+    def note_out(self, now: float, sent: float | None, tasks: int = 1) -> None:
+        """The oldest call of the process not arrived yet was sent at ``sent`` (None: none is
+        out) with ``tasks`` tasks; see the NOTE, "A call not arrived yet"."""
+        last = self._last_arrival
+        if sent is None or last is None or sent >= last:
+            self._overdue_s = None
+        else:
+            self._overdue_s = max(0.0, now - last) / max(1, tasks)
+
+    def overdue_s(self) -> float | None:
+        """Seconds per task the process takes at least, from its call still out (set by
+        ``note_out``, dropped at the next arrival); None when nothing says so.
+
+        >>> record = DeliveryRecord()
+        >>> record.arrived(0.0, 1.0, tasks=1)
+        >>> record.note_out(now=7.0, sent=0.0)  # sent before the arrival: queued behind it
+        >>> record.overdue_s()
+        6.0
+        >>> record.note_out(now=7.0, sent=2.0)  # sent to an idle process: says nothing
+        >>> record.overdue_s() is None
+        True
+        """
+        return self._overdue_s
 
     def seconds_per_task(self) -> float | None:
         """Delivered seconds per task over the recent queued calls; None until ``MIN_CALLS``
@@ -89,22 +132,42 @@ class DeliveryRecord:
         return statistics.median(self._latencies) if self._latencies else None
 
 
-def slower_time(busy_s: float | None, delivered_s: float | None) -> float | None:
-    """Seconds per task of a process: the slower of its time busy inside the task and its
-    delivered pace; None while both are unknown.
+def slower_time(busy_s: float | None, delivered_s: float | None,
+                overdue_s: float | None = None) -> float | None:
+    """Seconds per task of a process: the slowest of its time busy inside the task, its
+    delivered pace and the bound of a call still out; None while all are unknown.
 
     >>> slower_time(0.1, None), slower_time(0.1, 0.4), slower_time(None, None)
     (0.1, 0.4, None)
+    >>> slower_time(0.1, 0.4, overdue_s=6.0), slower_time(None, None, overdue_s=6.0)
+    (6.0, 6.0)
     """
-    times = [t for t in (busy_s, delivered_s) if t]
+    times = [t for t in (busy_s, delivered_s, overdue_s) if t]
     return max(times) if times else None
 
 
-def speed(busy_s: float | None, delivered_s: float | None) -> float:
+def speed(busy_s: float | None, delivered_s: float | None,
+          overdue_s: float | None = None) -> float:
     """Tasks per second of a process (``slower_time``); 0 while unknown.
 
-    >>> speed(0.1, None), speed(0.1, 0.4), speed(None, 0.25)
-    (10.0, 2.5, 4.0)
+    >>> speed(0.1, None), speed(0.1, 0.4), speed(None, 0.25), speed(0.1, None, 2.0)
+    (10.0, 2.5, 4.0, 0.5)
     """
-    seconds = slower_time(busy_s, delivered_s)
+    seconds = slower_time(busy_s, delivered_s, overdue_s)
     return 1.0 / seconds if seconds else 0.0
+
+
+def judged(samples: int, min_samples: int, overdue_s: float | None,
+           typical_s: float | None) -> bool:
+    """Whether the rebalancer may act on a process's speed: after ``min_samples`` finished
+    tasks, or sooner when a call of it is out ``OVERDUE_FACTOR`` times the others' typical
+    seconds per task (``typical_s``; None while no process is judged by its tasks).
+
+    >>> judged(5, 5, None, None), judged(1, 5, None, 0.3)
+    (True, False)
+    >>> judged(1, 5, 0.5, 0.3), judged(1, 5, 6.0, 0.3), judged(1, 5, 6.0, None)
+    (False, True, False)
+    """
+    if samples >= min_samples:
+        return True
+    return bool(overdue_s and typical_s and overdue_s >= OVERDUE_FACTOR * typical_s)

@@ -58,6 +58,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from dpex.delivery import judged
 from dpex.node_following import NodeFollowing
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
 from dpex.scaling import (AutoscalePolicy, Window, median, node_limit, plan_moves,
@@ -143,6 +144,7 @@ class ElasticControl(NodeFollowing):
         procs = self._live()
         if not procs:
             return
+        self._note_calls_out(procs)
         window = Window(now - started, stats.stall_s - wait0, stats.batches - batches0,
                         tuple(p.speed() for p in procs))
         self._drift_idle_speeds(procs)
@@ -282,9 +284,28 @@ class ElasticControl(NodeFollowing):
         return any(s.moving_to is not None for s in self._it._slots)
 
     def _ready_to_move(self) -> bool:
+        """No move under way, and every process hosting workers is judged (``judged``):
+        after _MIN_SAMPLES tasks, or sooner when a call of it is long overdue."""
         if self._moving():
             return False
-        return all(p.samples >= _MIN_SAMPLES for p in self._live() if self._it._hosted(p))
+        hosted = [p for p in self._live() if self._it._hosted(p)]
+        times = [p.seconds_per_task() for p in hosted if p.samples >= _MIN_SAMPLES]
+        typical = median([t for t in times if t]) if any(times) else None
+        return all(judged(p.samples, _MIN_SAMPLES, p.delivery.overdue_s(), typical)
+                   for p in hosted)
+
+    def _note_calls_out(self, procs: list[ProcessHandle]) -> None:
+        """Give each process's delivery record its oldest call not arrived yet (delivery.py,
+        "A call not arrived yet"): the lower bound on its time per task it implies."""
+        oldest: dict[ProcessHandle, tuple[float, int]] = {}
+        for ref, (sent, proc) in self._it._unarrived.items():
+            call = self._it._calls.get(ref)
+            if call is not None and (proc not in oldest or sent < oldest[proc][0]):
+                oldest[proc] = (sent, len(call[1]))
+        now = time.time()  # the clock of sent and arrived
+        for proc in procs:
+            sent, tasks = oldest.get(proc, (None, 1))
+            proc.delivery.note_out(now, sent, tasks)
 
     def _drift_idle_speeds(self, procs: list[Any]) -> None:
         busy = [p.seconds_per_task() for p in procs
