@@ -141,7 +141,7 @@ def test_a_crawling_process_is_judged_by_its_call_out_before_its_tasks_finish():
     typical = 0.3
     crawler = _crawler(finished=1, out_s=1.2)
     assert judged(crawler.samples, 5, crawler.delivery.overdue_s(), typical)
-    assert crawler.seconds_per_task() == pytest.approx(6.0)  # its busy time, the slower
+    assert crawler.seconds_per_task() == pytest.approx(6.0)  # its speed: its first task
     procs = fast + [crawler]
     moves = plan_moves([p.speed() for p in procs], [[0, 4], [1, 5], [2, 6], [3, 7]],
                        set(range(8)), 1.3)
@@ -155,10 +155,11 @@ def test_a_crawling_process_is_judged_by_its_call_out_before_its_tasks_finish():
     assert OVERDUE_FACTOR * typical > 0.5
 
 
-def test_the_bound_makes_a_process_slower_never_faster():
+def test_a_call_held_up_by_a_hiccup_changes_no_speed():
+    # A judged process whose call is out 2 s where it takes 0.3: one hiccup of a shared
+    # core. Its speed stays what its tasks and arrivals say (with the bound in the speed,
+    # a bench run moved a 4:4 layout to 5:3 on such readings and lost a fifth of its rate).
     proc = _process(0, busy_s=0.3, pace_s=0.3)  # its last arrival at 2.4 s
-    proc.delivery.note_out(now=2.5, sent=0.0)  # out 0.1 s: under what it takes anyway
+    proc.delivery.note_out(now=4.4, sent=0.0)
+    assert proc.delivery.overdue_s() == pytest.approx(2.0)
     assert proc.seconds_per_task() == pytest.approx(0.3)
-    proc.delivery.note_out(now=4.4, sent=0.0)  # out 2 s: at least that
-    assert proc.seconds_per_task() == pytest.approx(2.0)
-    assert proc.speed() == pytest.approx(0.5)

@@ -34,22 +34,24 @@ When arrivals are seen (receive.py)
 A call not arrived yet
   A call that queued behind one that has arrived has taken at least the time since that
   arrival: its pace can only be longer. So while it is out, that time is a lower bound on
-  the process's seconds per task (``overdue_s``), known before the call ends. It is what
-  judges a process that crawls (6 s a task next to others' 0.3 s, on a core shared with a
-  normal-priority process while it runs at Ray's niceness 15): waiting for ``MIN_CALLS``
-  paces, or for the rebalancer's 5 finished tasks, would take 30 s there. The bound is
-  read only after a first arrival and only for a call sent before it (a call to an idle
-  process, or a cold process's first, says nothing), and it is dropped when the call
-  arrives.
+  the process's seconds per task (``overdue_s``), known before the call ends. It decides
+  *when* a process may be judged, not its speed: a process that crawls (6 s a task next to
+  others' 0.3 s, on a core shared with a normal-priority process while it runs at Ray's
+  niceness 15) has its speed from its first task, but the rebalancer trusts a speed only
+  after 5 finished tasks, 30 s there. A call of it out ``OVERDUE_FACTOR`` times the others'
+  typical time per task makes it judged at once (``judged``). The bound is read only after
+  a first arrival and only for a call sent before it (a call to an idle process, or a cold
+  process's first, says nothing), and is dropped when the call arrives. It is not part of
+  the speed: one call held up for a second by a hiccup of a shared core would otherwise
+  move a worker (with the bound in the speed, one bench run moved a 4:4 layout to 5:3 on
+  readings of 0.4-0.5 tasks/s, where the same node's other processes read 0.8, and lost a
+  fifth of its rate).
 
 How it is used
   A process's speed, for the rebalancer and the autoscaler (elastic.py, scaling.py), is
-  the lowest of: tasks per second busy inside the task, tasks per second delivered over its
-  last calls, and the bound of a call still out (``ProcessHandle.speed``). A process that
-  computes fast and delivers slowly is seen as slow, and loses workers to one that
-  delivers. The rebalancer acts on a process's speed after 5 finished tasks, or sooner
-  when a call of it is out ``OVERDUE_FACTOR`` times longer than the others' typical time
-  per task (``judged``).
+  the lower of the two: tasks per second busy inside the task, and tasks per second
+  delivered over its last calls (``ProcessHandle.speed``). A process that computes fast and
+  delivers slowly is seen as slow, and loses workers to one that delivers.
 """
 
 from __future__ import annotations
@@ -132,28 +134,24 @@ class DeliveryRecord:
         return statistics.median(self._latencies) if self._latencies else None
 
 
-def slower_time(busy_s: float | None, delivered_s: float | None,
-                overdue_s: float | None = None) -> float | None:
-    """Seconds per task of a process: the slowest of its time busy inside the task, its
-    delivered pace and the bound of a call still out; None while all are unknown.
+def slower_time(busy_s: float | None, delivered_s: float | None) -> float | None:
+    """Seconds per task of a process: the slower of its time busy inside the task and its
+    delivered pace; None while both are unknown.
 
     >>> slower_time(0.1, None), slower_time(0.1, 0.4), slower_time(None, None)
     (0.1, 0.4, None)
-    >>> slower_time(0.1, 0.4, overdue_s=6.0), slower_time(None, None, overdue_s=6.0)
-    (6.0, 6.0)
     """
-    times = [t for t in (busy_s, delivered_s, overdue_s) if t]
+    times = [t for t in (busy_s, delivered_s) if t]
     return max(times) if times else None
 
 
-def speed(busy_s: float | None, delivered_s: float | None,
-          overdue_s: float | None = None) -> float:
+def speed(busy_s: float | None, delivered_s: float | None) -> float:
     """Tasks per second of a process (``slower_time``); 0 while unknown.
 
-    >>> speed(0.1, None), speed(0.1, 0.4), speed(None, 0.25), speed(0.1, None, 2.0)
-    (10.0, 2.5, 4.0, 0.5)
+    >>> speed(0.1, None), speed(0.1, 0.4), speed(None, 0.25)
+    (10.0, 2.5, 4.0)
     """
-    seconds = slower_time(busy_s, delivered_s, overdue_s)
+    seconds = slower_time(busy_s, delivered_s)
     return 1.0 / seconds if seconds else 0.0
 
 

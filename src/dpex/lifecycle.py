@@ -63,16 +63,13 @@ class ProcessHandle:
             self.cpu_s = cpu_s if self.cpu_s is None else 0.8 * self.cpu_s + 0.2 * cpu_s
 
     def seconds_per_task(self) -> float | None:
-        """The slowest of its busy time per task, its delivered pace and the bound of a call
-        still out (delivery.py); None while unknown."""
-        d = self.delivery
-        return slower_time(self.busy_s, d.seconds_per_task(), d.overdue_s())
+        """The slower of its busy time per task and its delivered pace; None while unknown."""
+        return slower_time(self.busy_s, self.delivery.seconds_per_task())
 
     def speed(self) -> float:
         """Tasks per second it delivers while it has work (``delivery.speed``); 0 while
         unknown."""
-        d = self.delivery
-        return speed(self.busy_s, d.seconds_per_task(), d.overdue_s())
+        return speed(self.busy_s, self.delivery.seconds_per_task())
 
     def drift(self, toward_s: float, share: float) -> None:
         """While it hosts no worker: move its estimate ``share`` of the way toward
