@@ -34,9 +34,14 @@ def batches(distribute_mode, fault=None):
     out = [next(it) for _ in range(5)]
     if distribute_mode:
         local_pids = [p.actor.process.pid for p in it._procs]
-        cluster._head.wait()  # the rest of the epoch outlasts the hand-over
+        cluster._head.wait()
     for batch in it:
         out.append(batch)
+        if distribute_mode and it._local_active:
+            # A training step while the workers move: the rest of the epoch outlasts the
+            # hand-over (Ray processes that import torch took over 4 s to answer on a slow
+            # day of this machine, longer than the epoch's rest at full speed).
+            time.sleep(0.05)
         if fault is not None and it._local_twins and not fault["done"]:
             os.kill(local_pids[0], signal.SIGKILL)
             fault["done"] = True
