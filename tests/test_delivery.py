@@ -108,30 +108,26 @@ def test_an_idle_process_drifts_toward_the_others_and_is_measured_afresh():
     assert proc.delivery.seconds_per_task() is None  # its next calls are a new measurement
 
 
-def test_a_call_still_out_bounds_the_time_per_task_from_below_and_is_dropped_on_arrival():
+def test_a_call_still_out_bounds_the_time_per_task_from_below():
     record = DeliveryRecord()
-    record.note_out(now=30.0, sent=0.0)  # a cold process's first call: nothing arrived yet
-    assert record.overdue_s() is None
+    assert record.overdue_s(now=30.0, sent=0.0) is None  # a cold first call: no arrival yet
     record.arrived(0.0, 20.0, tasks=1)  # its first result (a cold start: slow)
-    record.note_out(now=26.0, sent=0.0, tasks=2)  # sent with it, queued behind it
-    assert record.overdue_s() == pytest.approx(3.0)  # 6 s out, 2 tasks
-    record.arrived(0.0, 27.0, tasks=2)
-    assert record.overdue_s() is None  # what the call took is now its pace
-    record.note_out(now=40.0, sent=30.0)  # sent after the last arrival: the process idled
-    assert record.overdue_s() is None
-    record.note_out(now=40.0, sent=None)
-    assert record.overdue_s() is None
+    # Sent with it, queued behind it, out 6 s since: at least 3 s a task for its 2 tasks.
+    assert record.overdue_s(now=26.0, sent=0.0, tasks=2) == pytest.approx(3.0)
+    record.arrived(0.0, 27.0, tasks=2)  # what that call took is now its pace
+    assert record.overdue_s(now=40.0, sent=30.0) is None  # sent to an idle process
+    assert record.overdue_s(now=40.0, sent=None) is None  # nothing out
 
 
-def _crawler(finished: int, out_s: float) -> ProcessHandle:
+def _crawler(finished: int, out_s: float) -> tuple[ProcessHandle, float | None]:
     """A process on a core shared with a normal-priority process while it runs at Ray's
-    niceness 15: ``finished`` tasks of 6 s, and a call out for ``out_s`` since the last."""
+    niceness 15: ``finished`` tasks of 6 s, and a call out for ``out_s`` since the last.
+    Returns it and the bound of that call."""
     proc = ProcessHandle(actor=None, node_id="node1", serial=9)
     for k in range(finished):
         proc.record(6.0)
         proc.delivery.arrived(0.0, 6.0 * (k + 1), tasks=1)
-    proc.delivery.note_out(now=6.0 * finished + out_s, sent=0.0)
-    return proc
+    return proc, proc.delivery.overdue_s(now=6.0 * finished + out_s, sent=0.0)
 
 
 def test_a_crawling_process_is_judged_by_its_call_out_before_its_tasks_finish():
@@ -139,20 +135,19 @@ def test_a_crawling_process_is_judged_by_its_call_out_before_its_tasks_finish():
     # would take 30 s; its call out for 1.2 s (4 x 0.3) already says it is that slow.
     fast = [_process(serial, busy_s=0.3, pace_s=0.3) for serial in range(3)]
     typical = 0.3
-    crawler = _crawler(finished=1, out_s=1.2)
-    assert judged(crawler.samples, 5, crawler.delivery.overdue_s(), typical)
+    crawler, overdue = _crawler(finished=1, out_s=1.2)
+    assert judged(crawler.samples, 5, overdue, typical)
     assert crawler.seconds_per_task() == pytest.approx(6.0)  # its speed: its first task
     procs = fast + [crawler]
     moves = plan_moves([p.speed() for p in procs], [[0, 4], [1, 5], [2, 6], [3, 7]],
                        set(range(8)), 1.3)
     assert moves and all(src == 3 for _, src, _ in moves)
     # Out a little longer than the others take: not judged; a cold first call: not judged.
-    almost = _crawler(finished=1, out_s=0.5)
-    assert not judged(almost.samples, 5, almost.delivery.overdue_s(), typical)
-    cold = ProcessHandle(actor=None, node_id="node1", serial=10)
-    cold.delivery.note_out(now=20.0, sent=0.0)
-    assert not judged(cold.samples, 5, cold.delivery.overdue_s(), typical)
+    almost, overdue = _crawler(finished=1, out_s=0.5)
     assert OVERDUE_FACTOR * typical > 0.5
+    assert not judged(almost.samples, 5, overdue, typical)
+    cold = ProcessHandle(actor=None, node_id="node1", serial=10)
+    assert not judged(cold.samples, 5, cold.delivery.overdue_s(now=20.0, sent=0.0), typical)
 
 
 def test_a_call_held_up_by_a_hiccup_changes_no_speed():
@@ -160,6 +155,5 @@ def test_a_call_held_up_by_a_hiccup_changes_no_speed():
     # core. Its speed stays what its tasks and arrivals say (with the bound in the speed,
     # a bench run moved a 4:4 layout to 5:3 on such readings and lost a fifth of its rate).
     proc = _process(0, busy_s=0.3, pace_s=0.3)  # its last arrival at 2.4 s
-    proc.delivery.note_out(now=4.4, sent=0.0)
-    assert proc.delivery.overdue_s() == pytest.approx(2.0)
+    assert proc.delivery.overdue_s(now=4.4, sent=0.0) == pytest.approx(2.0)
     assert proc.seconds_per_task() == pytest.approx(0.3)

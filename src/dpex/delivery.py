@@ -41,7 +41,7 @@ A call not arrived yet
   after 5 finished tasks, 30 s there. A call of it out ``OVERDUE_FACTOR`` times the others'
   typical time per task makes it judged at once (``judged``). The bound is read only after
   a first arrival and only for a call sent before it (a call to an idle process, or a cold
-  process's first, says nothing), and is dropped when the call arrives. It is not part of
+  process's first, says nothing), when the rebalancer is about to act. It is not part of
   the speed: one call held up for a second by a hiccup of a shared core would otherwise
   move a worker (with the bound in the speed, one bench run moved a 4:4 layout to 5:3 on
   readings of 0.4-0.5 tasks/s, where the same node's other processes read 0.8, and lost a
@@ -86,7 +86,6 @@ class DeliveryRecord:
         self._paces: deque[tuple[float, int] | None] = deque(maxlen=keep)
         self._latencies: deque[float] = deque(maxlen=keep)
         self._last_arrival: float | None = None
-        self._overdue_s: float | None = None  # the bound of a call still out (note_out)
 
     def arrived(self, sent: float, at: float, tasks: int) -> None:
         """A call sent at ``sent`` with ``tasks`` tasks was seen on the trainer's node ``at``."""
@@ -95,31 +94,23 @@ class DeliveryRecord:
         self._paces.append((max(0.0, at - last), max(1, tasks)) if queued else None)
         self._latencies.append(max(0.0, at - sent))
         self._last_arrival = at if last is None else max(at, last)
-        self._overdue_s = None
 
-    def note_out(self, now: float, sent: float | None, tasks: int = 1) -> None:
-        """The oldest call of the process not arrived yet was sent at ``sent`` (None: none is
-        out) with ``tasks`` tasks; see the NOTE, "A call not arrived yet"."""
-        last = self._last_arrival
-        if sent is None or last is None or sent >= last:
-            self._overdue_s = None
-        else:
-            self._overdue_s = max(0.0, now - last) / max(1, tasks)
-
-    def overdue_s(self) -> float | None:
-        """Seconds per task the process takes at least, from its call still out (set by
-        ``note_out``, dropped at the next arrival); None when nothing says so.
+    def overdue_s(self, now: float, sent: float | None, tasks: int = 1) -> float | None:
+        """Seconds per task the process takes at least, ``now``, from its oldest call not
+        arrived yet, sent at ``sent`` with ``tasks`` tasks (None: no call is out); None when
+        that says nothing (see the NOTE, "A call not arrived yet").
 
         >>> record = DeliveryRecord()
         >>> record.arrived(0.0, 1.0, tasks=1)
-        >>> record.note_out(now=7.0, sent=0.0)  # sent before the arrival: queued behind it
-        >>> record.overdue_s()
+        >>> record.overdue_s(now=7.0, sent=0.0)  # sent before the arrival: queued behind it
         6.0
-        >>> record.note_out(now=7.0, sent=2.0)  # sent to an idle process: says nothing
-        >>> record.overdue_s() is None
+        >>> record.overdue_s(now=7.0, sent=2.0) is None  # sent to an idle process
         True
         """
-        return self._overdue_s
+        last = self._last_arrival
+        if sent is None or last is None or sent >= last:
+            return None
+        return max(0.0, now - last) / max(1, tasks)
 
     def seconds_per_task(self) -> float | None:
         """Delivered seconds per task over the recent queued calls; None until ``MIN_CALLS``

@@ -144,7 +144,6 @@ class ElasticControl(NodeFollowing):
         procs = self._live()
         if not procs:
             return
-        self._note_calls_out(procs)
         window = Window(now - started, stats.stall_s - wait0, stats.batches - batches0,
                         tuple(p.speed() for p in procs))
         self._drift_idle_speeds(procs)
@@ -291,21 +290,19 @@ class ElasticControl(NodeFollowing):
         hosted = [p for p in self._live() if self._it._hosted(p)]
         times = [p.seconds_per_task() for p in hosted if p.samples >= _MIN_SAMPLES]
         typical = median([t for t in times if t]) if any(times) else None
-        return all(judged(p.samples, _MIN_SAMPLES, p.delivery.overdue_s(), typical)
+        out, now = self._oldest_calls_out(), time.time()  # the clock of sent and arrived
+        return all(judged(p.samples, _MIN_SAMPLES,
+                          p.delivery.overdue_s(now, *out.get(p, (None, 1))), typical)
                    for p in hosted)
 
-    def _note_calls_out(self, procs: list[ProcessHandle]) -> None:
-        """Give each process's delivery record its oldest call not arrived yet (delivery.py,
-        "A call not arrived yet"): the lower bound on its time per task it implies."""
+    def _oldest_calls_out(self) -> dict[ProcessHandle, tuple[float, int]]:
+        """Per process, its oldest call whose result has not arrived: (sent, tasks)."""
         oldest: dict[ProcessHandle, tuple[float, int]] = {}
         for ref, (sent, proc) in self._it._unarrived.items():
             call = self._it._calls.get(ref)
             if call is not None and (proc not in oldest or sent < oldest[proc][0]):
                 oldest[proc] = (sent, len(call[1]))
-        now = time.time()  # the clock of sent and arrived
-        for proc in procs:
-            sent, tasks = oldest.get(proc, (None, 1))
-            proc.delivery.note_out(now, sent, tasks)
+        return oldest
 
     def _drift_idle_speeds(self, procs: list[Any]) -> None:
         busy = [p.seconds_per_task() for p in procs
