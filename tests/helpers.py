@@ -57,6 +57,24 @@ class SleepyAugmented(AugmentedDataset):
         return super().__getitem__(i)
 
 
+class SlowToStartOn(AugmentedDataset):
+    """``AugmentedDataset`` whose replica takes ``delay_s`` to arrive in a Ray worker on the
+    node ``node_id``: a worker that cannot start in time, as on a node where a busy
+    normal-priority process starves Ray's workers at niceness 15."""
+
+    def __init__(self, n: int, node_id: str, delay_s: float) -> None:
+        super().__init__(n)
+        self.node_id = node_id
+        self.delay_s = delay_s
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().get_node_id() == self.node_id:
+            time.sleep(self.delay_s)
+
+
 class ShardedIterable(IterableDataset):
     """Yields range(n), split between workers by get_worker_info() as torch's docs show."""
 

@@ -23,6 +23,7 @@ from helpers import (
     AugmentedDataset,
     PoisonDataset,
     ShardedIterable,
+    SlowToStartOn,
     assert_batches_equal,
     wait_until,
     worker_actors,
@@ -163,6 +164,25 @@ def test_no_capacity_fails_in_bounded_time(cluster):
     options = dpex.WorkerOptions(num_cpus=64, start_timeout_s=3)
     with pytest.raises(RuntimeError, match=r"(cannot be placed|did not start within 3s): wanted a node with 64 CPU"):
         run(True, options=options)
+
+
+def test_workers_that_cannot_start_in_time_on_one_node_go_on_elsewhere(cluster):
+    """A node whose worker process does not answer within start_timeout_s while the others
+    have started: its logical worker continues on a started process, the batches are
+    torch's, and the late process is killed. (Nothing started at all: the test above.)"""
+    trainer = ray.get_runtime_context().get_node_id()
+    slow = next(n.node_id for n in cluster.worker_nodes if n.node_id != trainer)
+    dataset = SlowToStartOn(240, slow, delay_s=600)
+    expected, _ = run(False, dataset)
+    dpex.shutdown_pool()  # no warm process of an earlier test on the slow node
+    batches, loader = run(True, dataset, options=dpex.WorkerOptions(start_timeout_s=30))
+    assert_batches_equal(expected, batches)
+    stats = loader.stats()
+    assert any("did not start within 30" in e.reason for e in stats.scaling_events), (
+        stats.scaling_events)
+    assert slow not in stats.per_node and stats.worker_restarts == 0
+    assert wait_until(lambda: not any(a.node_id == slow for a in worker_actors())), (
+        "the late process on the slow node is still alive")
 
 
 def test_no_eligible_node_left_fails_clearly(cluster):

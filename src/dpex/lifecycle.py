@@ -199,6 +199,8 @@ class ProcessLifecycle:
         now = time.monotonic()
         for slot in self._slots:
             if slot.ready_ref is not None and now > slot.start_deadline:
+                if self._go_on_without(slot.process):
+                    continue
                 self._shutdown_workers()
                 raise RuntimeError(
                     f"dpex worker {slot.worker_id} did not start within "
@@ -211,9 +213,32 @@ class ProcessLifecycle:
                 proc.ready_ref = None
                 self._drop_process(proc, reuse=False)
 
-    def _recover(self, proc: ProcessHandle, cause: Exception) -> None:
+    def _go_on_without(self, proc: ProcessHandle | None) -> bool:
+        """``proc`` did not answer within ``start_timeout_s`` (a node whose CPU a busy
+        process takes, say). If another of the loader's processes has started, the logical
+        workers of ``proc`` continue there, from their positions, and ``proc`` is killed:
+        one starved node does not stop the loop. False if none has started: the caller
+        fails, as when nothing can host a worker."""
+        started = [p for p in self._procs if p is not proc and not p.dead
+                   and p.ready_ref is None and any(s.process is p and s.ready_ref is None
+                                                   for s in self._slots)]
+        if proc is None or not started:
+            return False
+        onto = min(started, key=lambda p: len(self._hosted(p)))
+        self._elastic.note(f"process {proc.serial} did not start within "
+                           f"{self._options.start_timeout_s}s; its workers went on in "
+                           f"process {onto.serial}")
+        self._recover(proc, TimeoutError("did not start in time"), onto=onto)
+        self._count_processes()
+        return True
+
+    def _recover(self, proc: ProcessHandle, cause: Exception,
+                 onto: ProcessHandle | None = None) -> None:
         """Replace the dead process ``proc``: its logical workers continue on another one
-        from their positions, and what they owed is resubmitted in order. See the NOTE."""
+        from their positions, and what they owed is resubmitted in order. See the NOTE.
+
+        ``onto``: a started process to continue on, for a process that never started
+        (``_go_on_without``): none of its calls ran, so no task counts a death."""
         if proc.dead:
             return
         proc.dead = True
@@ -221,7 +246,7 @@ class ProcessLifecycle:
         # Calls run in submission order, so the earliest outstanding one was running.
         running = next(((slot, ids) for slot, ids in self._calls.values()
                         if slot.process is proc), None)
-        if running is not None:
+        if running is not None and onto is None:
             slot, (first_task, *_) = running
             deaths = slot.deaths_per_task.get(first_task, 0) + 1
             slot.deaths_per_task[first_task] = deaths
@@ -234,12 +259,12 @@ class ProcessLifecycle:
                     f"this batch. Last cause: {cause}"
                 ) from None
         self._drop_process(proc, reuse=False)
-        self._stats.worker_restarts += 1
+        self._stats.worker_restarts += onto is None
         for slot in self._slots:
             if slot.moving_to is proc:  # it stays where it is; what it held back goes there
                 slot.moving_to = None
                 self._flush_pending(slot)
-        replacement = None
+        replacement = onto
         for slot in hosted:
             if slot.moving_to is not None:  # it was leaving anyway: arrive now
                 slot.process, slot.moving_to = slot.moving_to, None

@@ -41,8 +41,10 @@ class WorkerOptions:
             (default; equal nodes round-robin). When False,
             Ray's default scheduler picks (it packs the trainer's node first).
         avoid_trainer_node: never place a worker on the node the training process runs on.
-        start_timeout_s: how long to wait for workers to start before failing with an error
-            that says what was asked and what the cluster has.
+        start_timeout_s: how long to wait for a worker process to start. A process still
+            starting then is given up, and its logical workers go on in a process that has
+            started; if none has, the loader fails with an error that says what was asked
+            and what the cluster has.
         max_task_retries: how many times one batch may take its worker down before the loader
             gives up on it as a poison batch.
         ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env`` (its

@@ -46,7 +46,11 @@ What happens on each kind of failure
     and the same bits, because every random draw happens from the same state.
   * The same task takes its worker down more than ``max_task_retries`` times (a poison
     sample): ``RuntimeError`` naming the task's sample indices.
-  * No node can host a worker (all eligible nodes gone) or a worker does not start within
+  * A worker process does not start within ``start_timeout_s`` while another of the
+    loader's processes has (its node starved by a busy process, say): it is killed and its
+    logical workers are recovered onto a started process, as above, without counting a
+    death (``_go_on_without``; noted in the stats' scaling events).
+  * No node can host a worker (all eligible nodes gone) or no worker process starts within
     ``start_timeout_s`` (resources that the cluster cannot give): ``RuntimeError`` saying what
     was asked and what the cluster has. Nothing waits forever on Ray's scheduler.
   * ``timeout > 0`` and a batch takes longer: ``RuntimeError`` as torch raises. ``timeout=0``
