@@ -259,7 +259,8 @@ class ProcessLifecycle:
                     f"this batch. Last cause: {cause}"
                 ) from None
         self._drop_process(proc, reuse=False)
-        self._stats.worker_restarts += onto is None
+        if onto is None:  # a process that started and died, not one that never started
+            self._stats.worker_restarts += 1
         for slot in self._slots:
             if slot.moving_to is proc:  # it stays where it is; what it held back goes there
                 slot.moving_to = None
