@@ -219,17 +219,19 @@ class ProcessLifecycle:
         workers of ``proc`` continue there, from their positions, and ``proc`` is killed:
         one starved node does not stop the loop. False if none has started: the caller
         fails, as when nothing can host a worker."""
-        started = [p for p in self._procs if p is not proc and not p.dead
-                   and p.ready_ref is None and any(s.process is p and s.ready_ref is None
-                                                   for s in self._slots)]
-        if proc is None or not started:
+        if proc is None:
+            return False
+        # Started: it answered a worker's begin. Not one retiring: its workers are leaving.
+        started = [p for p in self._procs
+                   if p is not proc and not (p.dead or p.retiring) and p.ready_ref is None
+                   and any(s.process is p and s.ready_ref is None for s in self._slots)]
+        if not started:
             return False
         onto = min(started, key=lambda p: len(self._hosted(p)))
         self._elastic.note(f"process {proc.serial} did not start within "
                            f"{self._options.start_timeout_s}s; its workers went on in "
                            f"process {onto.serial}")
         self._recover(proc, TimeoutError("did not start in time"), onto=onto)
-        self._count_processes()
         return True
 
     def _recover(self, proc: ProcessHandle, cause: Exception,
