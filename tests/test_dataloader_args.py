@@ -1,6 +1,7 @@
 """Pure tests: dpex.DataLoader takes torch's arguments, defaults and validation errors."""
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -76,6 +77,20 @@ def test_dpex_arguments_are_checked(kwargs, error):
 def test_worker_options_are_checked(kwargs):
     with pytest.raises(ValueError):
         dpex.WorkerOptions(**kwargs)
+
+
+def test_workers_on_a_cluster_dpex_did_not_start_are_started_at_their_niceness():
+    # No Ray session of dpex's here: the workers' environment names their niceness, which
+    # Ray's core worker applies as the process starts; the user's own variable wins.
+    env = dpex.WorkerOptions(niceness=7).actor_options(None)["runtime_env"]["env_vars"]
+    assert env == {"RAY_worker_niceness": "7"}
+    trainer = str(os.getpriority(os.PRIO_PROCESS, 0))
+    assert dpex.WorkerOptions().startup_niceness() == {"RAY_worker_niceness": trainer}
+    assert "runtime_env" not in dpex.WorkerOptions(niceness=None).actor_options(None)
+    mine = dpex.WorkerOptions(niceness=7, ray_options={
+        "runtime_env": {"env_vars": {"RAY_worker_niceness": "3", "A": "1"}}})
+    assert mine.actor_options(None)["runtime_env"]["env_vars"] == {
+        "RAY_worker_niceness": "3", "A": "1"}
 
 
 def test_without_distribute_mode_it_is_torchs_loader():

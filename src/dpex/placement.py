@@ -20,7 +20,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from dpex import compat
+from dpex import cluster, compat
 from dpex.scaling import Autoscale
 
 
@@ -75,9 +75,13 @@ class WorkerOptions:
             the training process's own niceness, as torch's forked workers have; Ray starts
             its workers at niceness 15, which on a node with other busy processes leaves
             them a few percent of a core. An int sets that niceness; ``None`` leaves Ray's.
-            Lowering niceness needs privileges on most systems: where a worker cannot, it
-            keeps Ray's and ``loader.stats().niceness_denied`` says so (start the node with
-            ``RAY_worker_niceness=0 ray start ...`` instead).
+            On a cluster dpex did not start, each worker process is started at that
+            niceness (``RAY_worker_niceness`` in its ``runtime_env``, as Ray Jobs starts
+            its drivers), so its imports do not crawl next to a busy process, and no
+            privilege is needed when the node runs at normal priority. Lowering a niceness
+            below the node's needs privileges on most systems: where a worker cannot, it
+            keeps the node's and ``loader.stats().niceness_denied`` says so (start the node
+            with ``RAY_worker_niceness=0 ray start ...`` instead).
         local_start: in a process with no Ray yet that would start the embedded one, begin
             on local processes forked from the trainer (as torch's workers are) while Ray
             starts in a helper process, then move each logical worker to a Ray process:
@@ -141,10 +145,26 @@ class WorkerOptions:
             return os.getpriority(os.PRIO_PROCESS, 0)
         return self.niceness
 
+    def startup_niceness(self) -> dict[str, str]:
+        """The environment that starts a worker process at ``target_niceness()``, on a
+        cluster dpex did not start (the embedded Ray starts its workers there already).
+
+        Ray's core worker lowers its own priority by ``RAY_worker_niceness`` (15 unless the
+        node was started with another) as it starts, before any of dpex's code runs; with
+        the trainer's niceness in the actor's environment it starts there. On a core shared
+        with a normal-priority process, a worker at 15 took 80-100 s to import Python, Ray
+        and torch, against 11 s (docs/scaleout-findings.md). ``Worker.begin`` still sets
+        every thread: the variable is relative to the node's own niceness.
+        """
+        niceness = self.target_niceness()
+        if niceness is None or cluster.owns_ray_session():
+            return {}
+        return {"RAY_worker_niceness": str(niceness)}
+
     def actor_options(self, node_id: str | None) -> dict[str, Any]:
         """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""
         options: dict[str, Any] = dict(self.ray_options)
-        inherited = trainer_environment()
+        inherited = {**trainer_environment(), **self.startup_niceness()}
         if inherited:
             runtime_env = dict(options.get("runtime_env") or {})
             runtime_env["env_vars"] = {**inherited, **runtime_env.get("env_vars", {})}
