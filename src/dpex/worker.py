@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from dpex import transport, user_code
+from dpex import allocator, transport, user_code
 from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
 from dpex.resume import WorkerPosition, dataset_state, restore_position
@@ -93,6 +93,8 @@ class Worker:
         replay: list[Any] | None = None,
     ) -> None:
         """Args: as ``begin``; without a ``config`` the worker waits for ``begin``."""
+        # Batch-sized blocks are reused across tasks (NOTE [ dpex Worker Allocator ]).
+        self.allocator_tuned = allocator.keep_freed_memory()
         self.config: WorkerConfig | None = None
         self.collate_fn = None
         self._replicas: dict[int, _Replica] = {}
