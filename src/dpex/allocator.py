@@ -77,6 +77,10 @@ def keep_freed_memory() -> bool:
     settings = settings_to_apply(os.environ, _glibc_version())
     if not settings:
         return False
-    mallopt = ctypes.CDLL(None).mallopt
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # a process without glibc's symbols in reach
+        return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(param, value) == 1 for param, value in settings)
+    answers = [mallopt(param, value) for param, value in settings]  # each, whatever the others say
+    return all(answer == 1 for answer in answers)

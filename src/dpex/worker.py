@@ -94,7 +94,7 @@ class Worker:
     ) -> None:
         """Args: as ``begin``; without a ``config`` the worker waits for ``begin``."""
         # Batch-sized blocks are reused across tasks (NOTE [ dpex Worker Allocator ]).
-        self.allocator_tuned = allocator.keep_freed_memory()
+        allocator.keep_freed_memory()
         self.config: WorkerConfig | None = None
         self.collate_fn = None
         self._replicas: dict[int, _Replica] = {}
