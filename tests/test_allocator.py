@@ -5,7 +5,6 @@ settings and with a user's own glibc tuning."""
 from __future__ import annotations
 
 import ast
-import os
 import resource
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 from conftest import user_env
 from dpex.allocator import (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MMAP_THRESHOLD, TRIM_THRESHOLD,
-                            settings_to_apply)
+                            _glibc_version, settings_to_apply)
 
 GLIBC = "glibc 2.36"
 
@@ -81,7 +80,7 @@ def blocks_in(process: str, **env: str) -> tuple[bool, list[int]]:
     return ast.literal_eval(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"),
+@pytest.mark.skipif(not (_glibc_version() or "").startswith("glibc"),
                     reason="glibc's malloc only")
 def test_a_worker_process_reuses_freed_batch_memory_unless_the_user_tuned_malloc():
     own_mapping, _ = blocks_in("plain")
