@@ -185,6 +185,40 @@ def test_workers_that_cannot_start_in_time_on_one_node_go_on_elsewhere(cluster):
         "the late process on the slow node is still alive")
 
 
+def test_a_node_where_processes_could_not_start_is_not_taken_again(cluster):
+    """After the give-up above the loop keeps waiting for data, and placement by CPUs still
+    counts the starved node: no process of the iterator starts there again (it would sit
+    out start_timeout_s as well), and the batches stay torch's."""
+    trainer = ray.get_runtime_context().get_node_id()
+    slow = next(n.node_id for n in cluster.worker_nodes if n.node_id != trainer)
+    dataset = SlowToStartOn(480, slow, delay_s=600, item_s=0.05)
+    expected, _ = run(False, dataset, num_workers=6)
+    dpex.shutdown_pool()
+    batches, loader = run(True, dataset, num_workers=6,
+                          options=dpex.WorkerOptions(start_timeout_s=45))
+    assert_batches_equal(expected, batches)
+    events = [e.reason for e in loader.stats().scaling_events]
+    assert any("did not start within 45" in r for r in events), events
+    assert not any(f"starting a process on {slow}" in r for r in events), events
+    assert slow not in loader.stats().per_node
+
+
+def test_a_move_onto_a_process_that_never_started_is_called_off():
+    """Pure: a new node's process that is given up ends the move onto it (else the move
+    would wait for it, and no other node would be followed, for the rest of the epoch)."""
+    from dpex.lifecycle import ProcessHandle
+    from dpex.node_following import NodeFollowing
+
+    follow = NodeFollowing()
+    follow._starved_nodes = set()
+    new, old = ProcessHandle(None, "node-b", 2), ProcessHandle(None, "node-a", 1)
+    follow._swap = (new, old)
+    follow.start_timed_out(old)  # another process: the move stands
+    assert follow._swap == (new, old)
+    follow.start_timed_out(new)
+    assert follow._swap is None and follow._starved_nodes == {"node-a", "node-b"}
+
+
 def test_no_eligible_node_left_fails_clearly(cluster):
     options = dpex.WorkerOptions(resources={"preproc": 0.5}, start_timeout_s=10)
     if labelled_node(cluster).node_id == ray.get_runtime_context().get_node_id():

@@ -36,7 +36,9 @@ What decides (this module, on the training thread, at most once per window)
     others' so it is tried again later (a busy node may have become free).
   * New nodes (fixed process count): when the loop waits and a node joined that placement
     by CPUs would use, one process moves there: a new one starts on it (watched), then the
-    process on the most crowded node retires into it.
+    process on the most crowded node retires into it. A node where a process of this loader
+    did not start within ``start_timeout_s`` (its CPU taken by another process) is not
+    followed again, and a move waiting for such a process is called off.
   * Growing the cluster (``Autoscale(grow_cluster=True)`` on a cluster with an autoscaler):
     a count above what the eligible nodes can host is asked of the autoscaler, and
     processes start on the nodes as they join; see NOTE [ dpex Cluster Growth ].
@@ -102,6 +104,7 @@ class ElasticControl(NodeFollowing):
         self._trainer_cpu_at = 0.0
         self._trainer_cpus = 0.0
         self._swap: tuple[ProcessHandle, ProcessHandle] | None = None  # (new, old) for a new node
+        self._starved_nodes: set[str] = set()  # a process of this loader did not start there
         self._filling = False  # processes were added: move workers onto them once up
         self._growth = growth if self._policy is not None else None
         self._recent_moves: list[tuple[float, int, Any, Any]] = []  # (when, worker, from, to)

@@ -210,6 +210,7 @@ class ProcessLifecycle:
             if proc.ready_ref is not None and now > proc.start_deadline:
                 self._elastic.note(f"process {proc.serial} did not start within "
                                    f"{self._options.start_timeout_s}s; going on without it")
+                self._elastic.start_timed_out(proc)
                 proc.ready_ref = None
                 self._drop_process(proc, reuse=False)
 
@@ -231,6 +232,7 @@ class ProcessLifecycle:
         self._elastic.note(f"process {proc.serial} did not start within "
                            f"{self._options.start_timeout_s}s; its workers went on in "
                            f"process {onto.serial}")
+        self._elastic.start_timed_out(proc)
         self._recover(proc, TimeoutError("did not start in time"), onto=onto)
         return True
 

@@ -5,7 +5,8 @@ this mixin handles what the nodes do meanwhile (NOTE [ dpex Elastic Workers ], "
 and "Growing the cluster"; the autoscaler's side is NOTE [ dpex Cluster Growth ]):
 
 * a node joined that placement by CPUs would use (fixed count): start a process there,
-  then retire one from the most crowded node into it (``_follow_new_nodes``);
+  then retire one from the most crowded node into it (``_follow_new_nodes``), unless a
+  process of this loader could not start there in time (``start_timed_out``);
 * with ``Autoscale(grow_cluster=True)``: ask the autoscaler for the processes the eligible
   nodes cannot host (``_ask``), withdraw what the loop no longer needs
   (``_withdraw_unmet_ask``), start processes on the nodes as they join
@@ -110,14 +111,14 @@ class NodeFollowing:
         nodes = sorted(cpus)
         ideal = dict(zip(nodes, allocate(len(procs), [cpus[n] for n in nodes])))
         have = {n: sum(p.node_id == n for p in procs) for n in nodes}
-        if not any(have[n] < ideal[n] for n in nodes):
+        if not any(have[n] < ideal[n] for n in nodes if n not in self._starved_nodes):
             return
         crowded = [p for p in self._retirable()
                    if p.node_id not in ideal or have[p.node_id] > ideal[p.node_id]]
         if not crowded:
             return
         try:
-            new = self._it._add_process(watch=True)
+            new = self._it._add_process(avoid=self._starved_nodes, watch=True)
         except NoEligibleNodeError:
             return
         self._swap = (new, crowded[0])
@@ -125,6 +126,15 @@ class NodeFollowing:
         self._it._stats.record_scaling(
             len(procs), len(procs), f"a node joined: starting a process on {new.node_id}, "
                                     f"then retiring process {crowded[0].serial}")
+
+    def start_timed_out(self, proc: ProcessHandle) -> None:
+        """``proc`` did not start within ``start_timeout_s`` and is given up: its node is
+        starved (a busy process takes its CPU), so it is not followed as a new node again,
+        and a move onto ``proc`` is called off (its old process keeps its workers)."""
+        if proc.node_id is not None:
+            self._starved_nodes.add(proc.node_id)
+        if self._swap is not None and self._swap[0] is proc:
+            self._swap = None
 
     def placed(self, proc: ProcessHandle) -> None:
         """A process was started or taken from the pool for this iterator."""
