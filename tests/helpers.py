@@ -57,20 +57,15 @@ class SleepyAugmented(AugmentedDataset):
         return super().__getitem__(i)
 
 
-class SlowToStartOn(AugmentedDataset):
-    """``AugmentedDataset`` whose replica takes ``delay_s`` to arrive in a Ray worker on the
-    node ``node_id``: a worker that cannot start in time, as on a node where a busy
-    normal-priority process starves Ray's workers at niceness 15."""
+class SlowToStartOn(SleepyAugmented):
+    """``SleepyAugmented`` (``item_s`` a sample) whose replica takes ``delay_s`` to arrive in
+    a Ray worker on the node ``node_id``: a worker that cannot start in time, as on a node
+    where a busy normal-priority process starves Ray's workers at niceness 15."""
 
     def __init__(self, n: int, node_id: str, delay_s: float, item_s: float = 0.0) -> None:
-        super().__init__(n)
+        super().__init__(n, item_s)
         self.node_id = node_id
         self.delay_s = delay_s
-        self.item_s = item_s  # each item sleeps this long (no core needed)
-
-    def __getitem__(self, i):
-        time.sleep(self.item_s)
-        return super().__getitem__(i)
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
