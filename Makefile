@@ -24,13 +24,8 @@ $(STAMP): pyproject.toml
 demo: install
 	$(PY) examples/accuracy_table.py --setups single --epochs 2 --head-address embedded
 
-# The autoscaler tests run in an interpreter of their own, as a training script that joins
-# an autoscaling cluster does: after other Ray sessions in the same process, the first
-# workers on the autoscaling cluster died "because all references to the actor were
-# removed" (a cross-session issue still open; README, "Growing the cluster").
 test: install
-	$(PY) -m pytest -q -ra --ignore=tests/test_autoscaler.py
-	$(PY) -m pytest -q -ra tests/test_autoscaler.py
+	$(PY) -m pytest -q -ra
 
 # The corners of the supported versions (oldest: Python 3.10, torch 2.4, Ray 2.40; newest:
 # torch 2.15, Ray 2.60), each in its own .venv-versions/<corner>, each running the version

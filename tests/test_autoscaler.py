@@ -180,3 +180,25 @@ def test_two_ddp_ranks_make_one_request(head, tmp_path):
         assert got["asks"][0] == 1  # each rank asked for its first process
     assert peak[0] == 2, peak
     assert wait_until(lambda: asked_bundles() == [], 30)
+
+
+@pytest.mark.parametrize("end", ["exit", "sigkill"])
+def test_a_script_that_grew_the_cluster_leaves_no_actor_and_no_ask(head, end):
+    """A training script that joined the autoscaling cluster and asked it for nodes, ended
+    normally and by SIGKILL (nothing runs in it then: its ask is a lease that lapses): it
+    exits, nothing of its session is left, and the cluster holds no dpex actor and no ask."""
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(TESTS_DIR), "benchmarks"))
+    import ending
+
+    from dpex import cluster
+
+    result = ending.run(end, env=hermetic_env(), address=head.address, autoscale=True)
+    assert result.exit_s < 20, result.output[-3000:]
+    assert result.returncode == {"exit": 0, "sigkill": -9}[end], result.output[-3000:]
+    assert result.left == []
+    if not ray.is_initialized():
+        cluster.join(head.address)  # to read the cluster's actors and ask
+    assert wait_until(lambda: asked_bundles() == [] and not dpex_actors(), 45), \
+        (asked_bundles(), dpex_actors())

@@ -48,10 +48,10 @@ def run_script(body: str, timeout: float = 120, stderr: list | None = None) -> l
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.parametrize("local_start", [False, True], ids=["started-by-the-loader", "local-start-helper"])
+@pytest.mark.parametrize("local_start", [False, True], ids=["no-local-start", "local-start"])
 def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_exit(local_start):
-    # With the local start (a cold process's default) the embedded Ray starts in a helper
-    # process and the trainer joins it once up; ensure_ray waits for that here.
+    # The embedded Ray starts in a helper process and the trainer joins it once up: at once
+    # without the local start, else once it is up (ensure_ray waits for that here).
     stderr = []
     out = run_script(f"""
         opts = dpex.WorkerOptions(local_start={local_start})
@@ -74,9 +74,10 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
     # Quiet, and still protected: no banner about token auth, which stays on.
     assert out[0]["token_auth"] and "Token authentication" not in stderr[0], stderr[0]
     assert out[1] == {"ray_up_at_exit": False}
-    assert (out[0]["helper"] is not None) == local_start
-    if local_start:  # the helper stops Ray's daemons after the trainer's exit, then exits
-        assert wait_until(lambda: not os.path.exists(f"/proc/{out[0]['helper']}"), 30)
+    # In a helper process either way, which stops Ray's daemons after the trainer's exit
+    # and then exits (embedded_head.py).
+    assert out[0]["helper"] is not None
+    assert wait_until(lambda: not os.path.exists(f"/proc/{out[0]['helper']}"), 30)
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +169,75 @@ def test_explicit_address_joins_the_cluster_and_exit_releases_workers(running_cl
     assert len(out[0]["per_node"]) == 2  # spread over both nodes
     assert out[1] == {"ray_up_at_exit": True}  # the cluster is not ours to stop...
     assert wait_until(lambda: alive_actor_count() == 0)  # ...but our workers are gone
+
+
+NOTEBOOK = """
+from helpers import AugmentedDataset
+from ray.cluster_utils import Cluster
+from ray.util.state import list_actors
+
+def make(cls, **kw):
+    return cls(AugmentedDataset(24), batch_size=4, shuffle=True, num_workers=2,
+               generator=torch.Generator().manual_seed(7), **kw)
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(x["x"], y["x"]) for x, y in zip(a, b))
+
+def dead_actors():  # of this job: none may have died (an epoch would have recovered them)
+    job = ray.get_runtime_context().get_job_id()
+    return [a.death_cause for a in list_actors(filters=[("state", "=", "DEAD")], detail=True)
+            if a.job_id == job]
+
+# torch's own loader forks its workers: before any Ray in this process.
+torch_loader = make(torch.utils.data.DataLoader, persistent_workers=True)
+expected = [list(torch_loader) for _ in range(2)]  # two epochs of persistent workers
+"""
+
+
+def test_notebook_life_the_embedded_ray_then_a_cluster():
+    """A notebook: a loader on the embedded Ray, ``ray.shutdown()``, ``ray.init(address=...)``
+    to a cluster, a new loader; then the first (persistent) loader's next epoch, there."""
+    out = run_script(NOTEBOOK + textwrap.dedent("""
+        first = make(dpex.DataLoader, distribute_mode=True, persistent_workers=True)
+        epoch1 = list(first)
+        ray.shutdown()
+        head = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port()})
+        ray.init(address=head.address, logging_level="ERROR")
+        second = make(dpex.DataLoader, distribute_mode=True, persistent_workers=True)
+        fresh = list(second)
+        epoch2 = list(first)  # its workers went with the embedded session: new ones, same bits
+        print(json.dumps({"epoch1": same(expected[0], epoch1), "fresh": same(expected[0], fresh),
+                          "epoch2": same(expected[1], epoch2), "dead": dead_actors(),
+                          "restarts": first.stats().worker_restarts + second.stats().worker_restarts}))
+        ray.shutdown()
+        head.shutdown()
+    """).replace("free_port()", str(free_port())))
+    assert out[0] == {"epoch1": True, "fresh": True, "epoch2": True, "dead": [], "restarts": 0}
+
+
+def test_after_a_local_ray_a_cluster_without_authentication_keeps_the_loaders_workers():
+    """Ray turns token authentication on in a process that starts a local Ray, and leaves it
+    on after ``ray.shutdown()``: a driver still in that mode refuses the calls of a cluster
+    that runs without it, and its actors died "because all references to the actor were
+    removed". dpex joins such a cluster as a fresh process would."""
+    out = run_script(NOTEBOOK + textwrap.dedent("""
+        import os
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+        before = make(dpex.DataLoader, distribute_mode=True)
+        epoch1 = list(before)
+        ray.shutdown()
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # the cluster's nodes run without tokens
+        head = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port()})
+        os.environ["RAY_AUTH_MODE"] = "token"  # what the local Ray left in this process
+        after = make(dpex.DataLoader, distribute_mode=True, head_address=head.address)
+        epoch = list(after)
+        print(json.dumps({"before": same(expected[0], epoch1), "after": same(expected[0], epoch),
+                          "dead": dead_actors(), "restarts": after.stats().worker_restarts}))
+        ray.shutdown()
+        head.shutdown()
+    """).replace("free_port()", str(free_port())))
+    assert out[0] == {"before": True, "after": True, "dead": [], "restarts": 0}

@@ -28,6 +28,9 @@ import pytest
 
 from conftest import free_port, user_env
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+
 from dpex import compat
 
 pytestmark = pytest.mark.cluster
@@ -334,6 +337,34 @@ def test_lightning_ddp_ranks_join_the_running_cluster(cluster):
     # Both ranks are drivers of the `ray start` cluster ("auto"), not of an embedded Ray.
     assert ranks[0]["gcs"] == ranks[1]["gcs"]
     assert ranks[0]["gcs"].endswith(cluster["address"].rpartition(":")[2])
+
+
+def alive_dpex_actors(cluster) -> list[str]:
+    """The names of the cluster's ALIVE dpex actors, through Ray's state API, from a user's
+    shell (another process: this one is not the cluster's driver)."""
+    code = ("import json; from ray.util.state import list_actors; print(json.dumps("
+            "[a.name for a in list_actors(address=%r, filters=[('state', '=', 'ALIVE')])"
+            " if (a.name or '').startswith('dpex')]))" % cluster["address"])
+    auth = {"RAY_AUTH_MODE": "token"} if TOKEN_AUTH else {}  # the state API needs it said
+    proc = subprocess.run([os.path.join(BIN, "python"), "-c", code], env=user_env(**auth),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("end", ["exit", "sigkill"])
+def test_a_script_that_joined_ends_clean_and_leaves_no_actor_there(cluster, end):
+    """A training script on the cluster, ended normally and by SIGKILL: it exits, nothing of
+    its session is left, and the cluster keeps running without any of its actors."""
+    import ending  # benchmarks/ending.py
+
+    result = ending.run(end, env=user_env(), address=cluster["address"])
+    assert result.exit_s < 20, result.output[-3000:]
+    assert result.returncode == {"exit": 0, "sigkill": -signal.SIGKILL}[end], result.output[-3000:]
+    assert result.left == []
+    from helpers import wait_until
+
+    assert wait_until(lambda: alive_dpex_actors(cluster) == [], 30)
 
 
 # ----------------------------------------------------------------------------- errors

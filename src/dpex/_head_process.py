@@ -1,5 +1,6 @@
 """The helper process of ``dpex.embedded_head`` (its NOTE): start the embedded Ray head,
-print its address, and shut it down when stdin closes.
+print its address, and shut it down when stdin closes or the trainer is gone (NOTE
+[ dpex How Each Process Ends ], process_ends.py).
 
 Run as a plain script, not as part of the ``dpex`` package, so that it imports Ray and
 not torch: ``python _head_process.py NICENESS``.
@@ -7,27 +8,44 @@ not torch: ``python _head_process.py NICENESS``.
 
 import importlib.util
 import os
+import signal
 import sys
+import threading
 
 
-def _compat():
-    """dpex's ``compat`` module, loaded alone (``import dpex`` would import torch)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat.py")
-    spec = importlib.util.spec_from_file_location("_dpex_compat", path)
+def _load(name):
+    """A module of dpex's, loaded alone (``import dpex`` would import torch)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_dpex_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def main() -> None:
-    import ray
+    trainer_pid = os.getppid()
+    process_ends, compat = _load("process_ends"), _load("compat")
+    stopping = threading.Lock()
 
-    context = _compat().start_embedded_ray(int(sys.argv[1]))
+    def stop_ray() -> None:  # the trainer closed stdin: a graceful stop
+        with stopping:
+            process_ends.shutdown_ray(compat.started_node_pids())
+
+    def trainer_gone() -> None:  # however far the head got: end all of it now
+        if stopping.acquire(blocking=False):  # else the graceful stop runs: let it end
+            process_ends.kill_descendants()
+        else:
+            stopping.acquire()
+
+    # Ctrl-C is the trainer's to act on; the trainer's death ends this process, with Ray.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    process_ends.watch_parent(trainer_pid, on_orphaned=trainer_gone)
+    context = compat.start_embedded_ray(int(sys.argv[1]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)
-    sys.stdin.read()  # until the trainer closes it, or dies
-    ray.shutdown()
-
+    while os.read(sys.stdin.fileno(), 4096):  # until the trainer closes it, or dies
+        pass
+    stop_ray()
 
 if __name__ == "__main__":
     main()

@@ -83,12 +83,16 @@ def would_start_embedded(head_address: str | None) -> bool:
 def start_head_in_background() -> EmbeddedHead:
     """Start the embedded head in a helper process (embedded_head.py, its NOTE) and return
     it; ``ensure_ray`` then joins it, or ``join_head_if_up`` once it is up."""
-    global _head
     with _lock:
-        if _head is None:
-            _head = EmbeddedHead(os.getpriority(os.PRIO_PROCESS, 0))
-            atexit.register(_stop_embedded)
-        return _head
+        return _start_head()
+
+
+def _start_head() -> EmbeddedHead:
+    global _head
+    if _head is None:
+        _head = EmbeddedHead(os.getpriority(os.PRIO_PROCESS, 0))
+        atexit.register(_stop_embedded)
+    return _head
 
 
 def join_head_if_up() -> bool:
@@ -106,6 +110,8 @@ def join_head_if_up() -> bool:
 
 def _join_head(address: str) -> None:
     global _embedded_started
+    # Workers import what the driver imports: keep the driver's path importable. (They
+    # start at the trainer's niceness, as torch's forked workers do: the helper's setting.)
     with compat.loopback_only(), compat.quiet_token_auth_banner():
         join(address, runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
     _embedded_started = True
@@ -128,7 +134,8 @@ def join(address: str, **init_kwargs) -> None:
     _check_reachable(address)
     if not address.startswith("ray://"):  # a Ray Client server has no GCS to ask
         _check_joinable(address)
-    ray.init(address=address, logging_level=logging.WARNING, **init_kwargs)
+    with compat.signal_handlers_kept():
+        ray.init(address=address, logging_level=logging.WARNING, **init_kwargs)
 
 
 def _join_or_start_embedded() -> None:
@@ -169,14 +176,9 @@ def _join_recorded_or_start_embedded() -> None:
 
 
 def _start_embedded() -> None:
-    global _embedded_started
-    # Workers import what the driver imports: keep the driver's path importable. They start
-    # at the trainer's niceness, as torch's forked workers do.
-    compat.start_embedded_ray(
-        os.getpriority(os.PRIO_PROCESS, 0),
-        runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
-    _embedded_started = True
-    atexit.register(_stop_embedded)
+    """Start the embedded Ray and join it now. It runs in a helper process in every case,
+    which ends it however this process ends (embedded_head.py, its NOTE)."""
+    _join_head(_start_head().wait())
 
 
 def _stop_embedded() -> None:
@@ -235,11 +237,16 @@ def _check_joinable(address: str) -> None:
 
 def _versions_with_token_if_needed(address: str) -> dict | None:
     try:
-        return compat.cluster_versions(address, None, CONNECT_TIMEOUT_S)
+        versions = compat.cluster_versions(address, None, CONNECT_TIMEOUT_S)
     except compat.TokenRejected:
         token = compat.find_token()
         if token is None or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
             raise
+    else:
+        # A cluster without authentication: this process joins it without too, whatever an
+        # earlier Ray session of the process left turned on (compat.disable_token_auth).
+        compat.disable_token_auth()
+        return versions
     versions = compat.cluster_versions(address, token, CONNECT_TIMEOUT_S)
     compat.enable_token_auth()
     return versions

@@ -53,7 +53,7 @@ from typing import Any
 
 import ray
 
-from dpex import compat
+from dpex import compat, session_handles
 from dpex.growth_policy import Ask, bundle_for, merged, processes_within
 
 _BOARD_NAME = "dpex-cluster-requests"
@@ -107,6 +107,16 @@ class _RequestBoard:
 
 _handle: Any = None  # this process's handle on the board (kept: Ray 2.40 loses calls
 # made through a handle that is dropped right away)
+
+
+def _forget_board() -> None:
+    """A new Ray session: the old board's handle is kept, never used or dropped there."""
+    global _handle
+    session_handles.keep(_handle)
+    _handle = None
+
+
+session_handles.on_new_session(_forget_board)
 
 
 def _board() -> Any:

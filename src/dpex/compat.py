@@ -210,6 +210,45 @@ def start_embedded_ray(niceness: int, **init_kwargs):
                         _system_config={"worker_niceness": niceness}, **init_kwargs)
 
 
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Keep this process's SIGTERM handler through ``ray.init``, which replaces it (in the
+    main thread) with one that exits with status 15: a process dpex connected to Ray ends
+    on SIGTERM as it would have without Ray (killed by the signal, status -15, under
+    torch's loader), or as its own handler says."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    saved = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and saved is not None:
+            signal.signal(signal.SIGTERM, saved)
+
+
+def started_node_pids() -> list[int]:
+    """The processes of the Ray node this process started (its GCS, raylet, dashboard,
+    monitors), as Ray keeps them in ``ray._private.worker._global_node.all_processes``;
+    none when it joined a node."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    infos = getattr(node, "all_processes", None) or {}
+    return [info.process.pid for group in infos.values() for info in group
+            if getattr(info, "process", None) is not None]
+
+
+def after_ray_init(hook) -> bool:
+    """Have Ray call ``hook()`` at the end of every ``ray.init`` in this process (Ray's
+    post-init hooks, ``ray._private.worker._post_init_hooks``). False where a Ray has no
+    such list: the caller then checks before each use instead."""
+    hooks = getattr(ray._private.worker, "_post_init_hooks", None)
+    if not isinstance(hooks, list):
+        return False
+    hooks.append(hook)
+    return True
+
+
 def session_name() -> str:
     """The name of the Ray session this process is connected to (new with every cluster).
     ``RuntimeContext.get_session_name`` where Ray has it; before that, the node's."""
@@ -345,6 +384,23 @@ def enable_token_auth(token: str | None = None) -> None:
         from ray._raylet import Config
     except ImportError as exc:
         raise _missing("ray._raylet.Config (token authentication)", exc) from None
+    Config.initialize("")
+    _token_loader().reset_cache()
+
+
+def disable_token_auth() -> None:
+    """Turn token auth off for this process (not connected to Ray), as a fresh process
+    joining a cluster without authentication would have it. A process that ran a local Ray
+    before (Ray turns token mode on, in its environment and its cached config, and leaves it
+    on after ``ray.shutdown()``) would otherwise refuse the calls of that cluster's nodes to
+    its own workers: their actors die "because all references to the actor were removed"."""
+    if not token_auth_enabled():
+        return
+    # Ray's own default where nothing asks for tokens (no RAY_AUTH_MODE): a user's
+    # RAY_AUTH_MODE=disabled still means what it says at a later join.
+    os.environ.pop("RAY_AUTH_MODE", None)
+    from ray._raylet import Config
+
     Config.initialize("")
     _token_loader().reset_cache()
 

@@ -156,6 +156,10 @@ class DataLoader(torch.utils.data.DataLoader):
 
         # The same lifecycle as torch's persistent_workers: one iterator, reset per epoch.
         if self.persistent_workers:
+            if self._ray_iterator is not None and self._ray_iterator.session_ended:
+                # Its Ray session ended, and its workers with it: the next epoch starts on
+                # new ones from where they were (a resume at the epoch's boundary).
+                self.load_state_dict(self.state_dict())
             if self._ray_iterator is None:
                 self._ray_iterator = _RayDataLoaderIter(self)
             else:

@@ -17,9 +17,11 @@ The helper
 
 Who owns what
   The trainer owns the helper: it closes the helper's stdin at interpreter exit
-  (``stop``), and the helper's stdin closes by itself when the trainer dies, however it
-  dies. The trainer does not wait for Ray's daemons to stop: the helper does that, within
-  seconds of the trainer's exit. While the trainer has not joined, it holds no Ray state
+  (``stop``). When the trainer dies, however it dies, the helper's watchdog sees it gone
+  within a second (NOTE [ dpex How Each Process Ends ]). The trainer does not wait for
+  Ray's daemons to stop: the helper does that, within seconds of the trainer's exit. The
+  helper ignores Ctrl-C, which the terminal sends to the whole process group: a trainer
+  that catches it (Lightning's graceful shutdown) keeps its Ray. While the trainer has not joined, it holds no Ray state
   at all, so forking local worker processes stays as safe as torch's own forks.
 """
 
@@ -30,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+
+from dpex import process_ends
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_head_process.py")
 
@@ -42,6 +46,8 @@ class EmbeddedHead:
         self._proc = subprocess.Popen(
             [sys.executable, _SCRIPT, str(niceness)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        # Processes forked later (local workers) close their copy: EOF reaches the helper.
+        process_ends.trainer_only(self._proc.stdin)
         self.address: str | None = None
         self._line: str | None = None
         self._answered = threading.Event()

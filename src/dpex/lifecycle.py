@@ -17,9 +17,9 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayError
 
-from dpex import user_code
+from dpex import session_handles, user_code
 from dpex.delivery import DeliveryRecord, slower_time, speed
-from dpex.local_workers import LocalActor, LocalProcessDied, get
+from dpex.local_workers import LocalActor, LocalProcessDied, get, stop_all
 from dpex.placement import NoEligibleNodeError, eligible_nodes
 from dpex.pool import POOL, kill_quietly
 from dpex.resume import WorkerPosition
@@ -70,6 +70,11 @@ class ProcessHandle:
         """Tasks per second it delivers while it has work (``delivery.speed``); 0 while
         unknown."""
         return speed(self.busy_s, self.delivery.seconds_per_task())
+
+    def forget_session(self) -> None:
+        """Its Ray session ended (NOTE [ dpex Handles Stay in Their Ray Session ])."""
+        session_handles.keep(self.actor, self.ready_ref)
+        self.dead = True
 
     def drift(self, toward_s: float, share: float) -> None:
         """While it hosts no worker: move its estimate ``share`` of the way toward
@@ -129,6 +134,7 @@ class ProcessLifecycle:
         name = f"dpex-{self._id}-process{self._proc_serial}"
         actor = POOL.acquire(_remote_worker_class(), self._options, node_id, name)
         proc = ProcessHandle(actor, node_id, self._proc_serial)
+        session_handles.hold(proc)
         self._elastic.placed(proc)
         if watch:
             proc.ready_ref = proc.actor.ready.remote()
@@ -352,18 +358,38 @@ class ProcessLifecycle:
         ``epoch_done``: the epoch ran to its end. What is still in flight then is only the
         extra tasks of exhausted IterableDataset replicas (torch drops them likewise): each
         answers END at once, so the actor is kept; its next ``begin`` runs after them."""
+        session_handles.check()  # a Ray without post-init hooks: forget a gone session now
         if self._shutdown:
             return
         self._shutdown = True
         busy = {slot.process for slot in self._slots if slot.in_flight}
+        stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])
         for proc in list(self._procs):
             keep = reuse and proc.ready_ref is None and (epoch_done or proc not in busy)
             if isinstance(proc.actor, LocalActor):
-                proc.actor.stop()
+                pass  # stopped above, all at once
             elif keep:
                 POOL.release(proc.actor, self._options, proc.node_id, proc.keep_warm_s)
             else:
                 kill_quietly(proc.actor)
+        self._forget_processes()
+
+    def forget_session(self) -> None:
+        """Its Ray session ended: its processes are gone with it, and its handles are kept
+        untouched (NOTE [ dpex Handles Stay in Their Ray Session ]). Its epoch cannot go on;
+        a persistent loader starts its next epoch anew from its record (dataloader.py)."""
+        self.session_ended = True
+        if self._shutdown:
+            return
+        self._shutdown = True
+        session_handles.keep(
+            self._dataset_ref, list(self._calls), list(self._unarrived),
+            list(self._task_ref.values()), [s.ready_ref for s in self._slots],
+            [(p.actor, p.ready_ref) for p in self._procs])
+        stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])
+        self._forget_processes()
+
+    def _forget_processes(self) -> None:
         self._procs = []
         for slot in self._slots:
             slot.process = slot.moving_to = slot.ready_ref = None

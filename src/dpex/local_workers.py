@@ -9,24 +9,34 @@ pipe. Every result carries the worker's RNG state, as from a Ray actor, so a log
 moves from a local process to a Ray one with the move protocol, bit for bit. A local
 process that dies fails its outstanding calls with ``LocalProcessDied``, which the
 iterator recovers from as from a dead Ray actor.
+
+A local process ends on a stop message, or when the trainer is gone, whatever signal
+handlers the trainer has: NOTE [ dpex How Each Process Ends ] (process_ends.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing
 import os
 import time
+import weakref
 from multiprocessing.connection import wait as wait_for_connections
 from typing import Any
 
 import ray
 
+from dpex import process_ends
 from dpex.worker import Worker
 
 LOCAL_NODE = "local"  # the node id of a local process, in ``loader.stats().per_node`` too
 _METHODS = ("begin", "fetch", "drop", "reset_epoch", "rewind", "release", "ready")
 _MIXED_POLL_S = 0.002  # while Ray calls and local ones are awaited together
+_STOP_WAIT_S = 2.0  # how long a stopped process may finish its call before it is killed
+_STOP = None  # the stop message
+
+_live: weakref.WeakSet[LocalActor] = weakref.WeakSet()  # stopped at exit, before multiprocessing
 
 
 class LocalProcessDied(RuntimeError):
@@ -67,13 +77,15 @@ class LocalActor:
     def __init__(self, dataset: Any, config: Any) -> None:
         context = multiprocessing.get_context("fork")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, dataset, config),
+        process_ends.trainer_only(self.conn)
+        self.process = context.Process(target=_serve, args=(child, dataset, config, os.getpid()),
                                        daemon=True, name="dpex-local-worker")
         self.process.start()
         child.close()
         self._ids = itertools.count()
         self._pending: dict[int, LocalRef] = {}
         self.dead = False
+        _live.add(self)
 
     def __getattr__(self, name: str) -> _Method:
         if name in _METHODS:
@@ -120,21 +132,54 @@ class LocalActor:
 
     def stop(self) -> None:
         """End the process (its calls fail); used when its workers have moved to Ray."""
+        stop_all([self])
+
+    def _send_stop(self) -> None:
+        try:
+            self.conn.send(_STOP)
+        except (OSError, ValueError):  # it is gone, or this end is closed already
+            pass
         self.conn.close()
-        if self.process.is_alive():
-            self.process.terminate()
-        self.process.join(timeout=1.0)
         self.dead = True
+        _live.discard(self)
 
 
-def _serve(conn: Any, dataset: Any, config: Any) -> None:
-    """The local process: run the trainer's calls on a ``Worker``, in order."""
+def stop_all(actors: list[LocalActor], wait_s: float = _STOP_WAIT_S) -> None:
+    """End local processes: the stop message to each, then a wait (shared) for them to
+    finish the call they run, then SIGKILL for any still there. Never a bare SIGTERM: a
+    handler the trainer had could swallow it (NOTE [ dpex How Each Process Ends ])."""
+    for actor in actors:
+        actor._send_stop()
+    deadline = time.monotonic() + wait_s
+    for actor in actors:
+        actor.process.join(max(0.0, deadline - time.monotonic()))
+        if actor.process.is_alive():
+            actor.process.kill()
+            actor.process.join()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    # Registered after multiprocessing's own exit hook (torch imports it first), so it runs
+    # before that hook, which would SIGTERM and then join these processes without a limit.
+    stop_all(list(_live))
+
+
+def _serve(conn: Any, dataset: Any, config: Any, trainer_pid: int) -> None:
+    """The local process: run the trainer's calls on a ``Worker``, in order, until the stop
+    message, EOF, or the trainer's death."""
+    process_ends.forget_in_child()
+    process_ends.own_signals()
+    process_ends.watch_parent(trainer_pid)
     worker = Worker()
     while True:
         try:
-            call_id, name, args = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             return
+        if message is _STOP:
+            return
+        call_id, name, args = message
         try:
             if name == "begin":  # (dataset, config, worker_id, resume, replay, niceness)
                 data, conf, worker_id, resume, replay, niceness = args

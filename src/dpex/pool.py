@@ -35,9 +35,9 @@ What is released when
     the autoscaler added for a loader (NOTE [ dpex Cluster Growth ]).
   * ``dpex.shutdown_pool()`` kills every idle actor now; an ``atexit`` hook (registered after
     Ray's own, so it runs before Ray stops) does the same at interpreter exit.
-  * ``ray.shutdown()`` by the user: Ray kills the actors with the session; the pool notices
-    the session (name, job id) changed at its next use and forgets the stale handles
-    without touching them.
+  * ``ray.shutdown()`` by the user: Ray kills the actors with the session; at the next
+    ``ray.init`` the pool hands the stale handles to ``session_handles.keep``, untouched
+    (NOTE [ dpex Handles Stay in Their Ray Session ]).
   * A pooled actor that died while idle (its node removed, SIGKILL) is noticed when its
     ``begin`` fails: that is a worker death during start, and the iterator's recovery
     protocol (remote_iter.py) replaces it from the pool or with a new actor.
@@ -66,7 +66,7 @@ from typing import Any
 
 import ray
 
-from dpex import compat
+from dpex import session_handles
 from dpex.placement import WorkerOptions
 
 _RESERVING = ("num_cpus", "num_gpus", "memory", "resources")
@@ -149,12 +149,18 @@ class WorkerPool:
             for entry in entries:
                 kill_quietly(entry.actor)
 
-    def _check_session(self) -> None:
-        """Forget (without touching) the actors of a Ray session that is gone."""
-        session = _current_session()
-        if session != self._session:
+    def forget_session(self) -> None:
+        """The Ray session changed: keep the idle actors of the old one untouched
+        (NOTE [ dpex Handles Stay in Their Ray Session ])."""
+        with self._lock:
+            session_handles.keep(self._idle)
             self._idle = {}
-            self._session = session
+            self._session = session_handles.current()
+
+    def _check_session(self) -> None:
+        session_handles.check()
+        if session_handles.current() != self._session:  # a Ray without post-init hooks
+            self.forget_session()
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or not self._reaper.is_alive():
@@ -206,12 +212,6 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def _current_session() -> tuple[str, str] | None:
-    if not ray.is_initialized():
-        return None
-    return compat.session_name(), ray.get_runtime_context().get_job_id()
-
-
 def kill_quietly(actor: Any) -> None:
     if actor is None or not ray.is_initialized():
         return
@@ -222,6 +222,7 @@ def kill_quietly(actor: Any) -> None:
 
 
 POOL = WorkerPool()
+session_handles.on_new_session(POOL.forget_session)
 
 
 def shutdown_pool() -> None:

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
-from dpex import transport, user_code
+from dpex import session_handles, transport, user_code
 from dpex.cluster import owns_ray_session
 from dpex.dispatch import Dispatch
 from dpex.elastic import ElasticControl
@@ -119,6 +119,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         else:
             self._base_seed = draw_base_seed(self._generator)
         self._shutdown = False
+        self.session_ended = False  # its Ray session ended under it (session_handles.py)
 
         self._head_address = loader.head_address
         self._raw_config = WorkerConfig(
@@ -167,6 +168,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         """What the Ray processes need: the dataset in the object store (once), the config,
         with the user's own modules where they travel (see dpex.user_code)."""
         code = user_code.bundle_for(self._options.ship_modules, embedded=owns_ray_session())
+        session_handles.hold(self)
         self._dataset_ref = ray.put(user_code.wrap(self._dataset, code))
         self._config = user_code.wrap(self._raw_config, code)
         self._picker = NodePicker(self._options)
@@ -244,6 +246,10 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         return len(self._index_sampler)
 
     def __next__(self) -> Any:
+        if self.session_ended:
+            raise RuntimeError(
+                "the Ray session this epoch ran on ended (ray.shutdown()), and its worker "
+                "processes with it; start a new epoch with iter(loader)")
         started = time.perf_counter()
         self._stalled = 0.0
         result, worker_id = self._next_result()

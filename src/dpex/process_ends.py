@@ -1,0 +1,160 @@
+"""How every process dpex starts ends with the training process that owns it.
+
+NOTE [ dpex How Each Process Ends ]
+
+Who owns what
+  The training process (the trainer) owns, on a machine with no cluster to join:
+    * the local worker processes of a cold start (local_workers.py), forked from it;
+    * the helper that runs the embedded Ray's head (embedded_head.py), started from it;
+    * through the helper, the head's daemons (GCS, raylet, dashboard, monitor...), which
+      Ray starts as the helper's children and ties to it (they die with it);
+    * through the raylet, the Ray worker processes of the embedded Ray, which exit when
+      their raylet does.
+  On a cluster it joined, it owns its worker actors (ordinary actors: Ray kills them when
+  their driver disconnects or dies) and its ask to the autoscaler (a lease that lapses,
+  NOTE [ dpex Cluster Growth ]).
+
+What ends each, as torch's own workers end
+  A stop message, never a signal alone: a trainer's SIGTERM handler (Lightning's, a
+  preemption handler) is inherited through ``fork`` and would swallow it. And a watchdog,
+  like torch's ``ManagerWatchdog``: each process dpex starts checks every ``WATCH_S`` that
+  the process that started it is still its parent, and ends itself when it is not.
+    * A local worker process: a ``None`` message on its pipe; the trainer waits for it a
+      moment, then SIGKILLs it. It resets SIGTERM to its default and ignores SIGINT
+      (Ctrl-C reaches the trainer, which stops it), and closes the trainer's ends of the
+      pipes and handles it inherited (``forget_in_child``): its siblings' pipes then reach
+      EOF when the trainer goes.
+    * The helper: its stdin closes (the trainer closes it at exit), or its watchdog finds
+      the trainer gone; then it shuts Ray down, which stops the daemons it started.
+
+In each way the trainer can end
+  * Normal exit, an exception, ``break``, Ctrl-C: ``atexit`` runs. Iterators release their
+    actors, the local processes get their stop message, the trainer disconnects from Ray
+    and closes the helper's stdin. Nothing waits on a signal handler.
+  * SIGTERM with no handler, SIGKILL, the OOM killer, ``os._exit``: nothing runs in the
+    trainer. Its local processes and the helper see their parent gone within ``WATCH_S``
+    and end; the helper takes the embedded Ray's daemons and workers with it. On a joined
+    cluster Ray ends the driver's actors, and its autoscaler ask lapses.
+  * SIGTERM with a handler: the trainer goes on as its handler says, and then ends one of
+    the ways above.
+
+This module imports only the standard library: the helper loads it alone (it runs Ray
+without torch or dpex).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import weakref
+from typing import Any
+
+WATCH_S = 1.0  # how often a process checks that its parent is still there
+
+# What the trainer holds for itself alone (its ends of pipes): closed in every process
+# dpex forks, so that it does not keep a sibling's pipe or the helper's stdin open.
+_trainer_only: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def trainer_only(handle: Any) -> Any:
+    """Register ``handle`` (anything with ``close()``) as the trainer's alone: a process
+    dpex forks closes its copy (``forget_in_child``). Returns ``handle``."""
+    _trainer_only.add(handle)
+    return handle
+
+
+def forget_in_child() -> None:
+    """In a process dpex just forked: close the copies of what ``trainer_only`` names."""
+    for handle in list(_trainer_only):
+        try:
+            handle.close()
+        except Exception:  # noqa: BLE001 - already closed, or half-built
+            pass
+    _trainer_only.clear()
+
+
+def own_signals() -> None:
+    """In a process dpex started: SIGTERM ends it (whatever handler the trainer had), and
+    Ctrl-C, which the terminal sends to the whole process group, is the trainer's to act on."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def watch_parent(parent_pid: int, on_orphaned=None) -> threading.Thread:
+    """End this process once ``parent_pid`` is no longer its parent (it died, however):
+    ``on_orphaned()`` if given (in this thread), then ``os._exit(0)``."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            stop.wait(WATCH_S)
+        try:
+            if on_orphaned is not None:
+                on_orphaned()
+        finally:
+            os._exit(0)
+
+    stop = threading.Event()
+    thread = threading.Thread(target=watch, name="dpex-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def shutdown_ray(node_pids: list[int]) -> None:
+    """``ray.shutdown()``, then SIGKILL what is left below ``node_pids``, the Ray node this
+    process started (``compat.started_node_pids``). Ray stops its GCS and raylet, but
+    agents still starting (10 s and more on 2 busy cores) outlived their raylet."""
+    import ray
+
+    started = descendants(node_pids)
+    ray.shutdown()
+    kill_survivors(started)
+
+
+def kill_descendants(rounds: int = 2) -> None:
+    """SIGKILL every process below this one, in ``rounds`` passes (a child may be forking
+    while the first pass reads /proc)."""
+    for _ in range(rounds):
+        kill_survivors([p for p in descendants([os.getpid()]) if p[0] != os.getpid()])
+        time.sleep(0.1)
+
+
+def descendants(pids: list[int]) -> list[tuple[int, str]]:
+    """``pids`` and every process below them now, each as (pid, start time): read from
+    /proc (Linux; elsewhere, ``pids`` alone with no start time)."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, str] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return [(pid, "") for pid in pids]
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        started[int(entry)] = fields[19]
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in started and pid not in dict(found):
+            found.append((pid, started[pid]))
+            todo += children.get(pid, [])
+    return found
+
+
+def kill_survivors(processes: list[tuple[int, str]]) -> None:
+    """SIGKILL those of ``processes`` (from ``descendants``) still alive: the same pid with
+    the same start time, never a process that reused the pid."""
+    for pid, started in processes:
+        try:
+            if started:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[19] != started:
+                        continue
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):
+            continue

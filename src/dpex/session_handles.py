@@ -1,0 +1,97 @@
+"""Ray handles that dpex holds never reach a later Ray session of the same process.
+
+NOTE [ dpex Handles Stay in Their Ray Session ]
+
+Why
+  An actor handle or object ref is valid only in the Ray session that made it, but Ray
+  does not check: dropping one decrements, in whatever session the process is connected
+  to now, the count of the actor or object with that ID; ``ray.kill`` of one kills that
+  actor (or aborts the interpreter, on newer Rays). And IDs repeat across sessions: a
+  driver that is the first job of each cluster (``01000000``) numbers its tasks, actors
+  and puts the same way each time. So a dpex iterator left from one session, collected
+  during the next, ended the next session's first actors "because all references to the
+  actor were removed". Notebooks meet this (a loader on the embedded Ray, then
+  ``ray.shutdown()`` and ``ray.init(address=...)``), and so does any process that uses Ray
+  twice.
+
+What dpex does
+  Every object of dpex's that holds Ray handles (an iterator, a worker process's handle,
+  the warm pool, the autoscaler board's handle) registers here. Ray calls ``check`` at the
+  end of every ``ray.init`` (its post-init hooks; where a Ray has none, dpex calls it
+  before it uses Ray). When the session is not the one dpex last saw, each holder hands
+  its handles to ``keep`` -- kept, untouched, until the interpreter exits, so none is ever
+  dropped or used in the new session -- and from then on acts as one whose processes are
+  gone. Between ``ray.shutdown()`` and the next ``ray.init`` dropping a handle touches
+  nothing (the process is not connected), so what was dropped then is fine.
+
+  What is kept is small: a handle per process and a ref per call in flight, for each
+  session a process leaves.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from dpex import compat
+
+_lock = threading.RLock()
+_seen: tuple[str, str] | None = None  # the session dpex last saw
+_holders: weakref.WeakSet[Any] = weakref.WeakSet()  # objects with forget_session()
+_module_holders: list[Callable[[], None]] = []  # module state: called, never dropped
+_kept: list[Any] = []  # handles of sessions that ended: never dropped
+
+
+def current() -> tuple[str, str] | None:
+    """(session name, job id) of this process's Ray session; None when not connected."""
+    if not ray.is_initialized():
+        return None
+    return compat.session_name(), ray.get_runtime_context().get_job_id()
+
+
+def hold(holder: Any) -> None:
+    """Register ``holder`` (weakly): its ``forget_session()`` runs when the session ends."""
+    check()
+    with _lock:
+        _holders.add(holder)
+
+
+def on_new_session(forget: Callable[[], None]) -> None:
+    """Register module state: ``forget()`` runs whenever the session changes."""
+    with _lock:
+        _module_holders.append(forget)
+
+
+def keep(*handles: Any) -> None:
+    """Keep ``handles`` until the interpreter exits (a session that ended had them)."""
+    with _lock:
+        _kept.append(handles)
+
+
+def check() -> None:
+    """If the Ray session changed since dpex last looked, make every holder forget its
+    handles (see the NOTE). Cheap when nothing changed."""
+    global _seen
+    now = current()
+    if now is None or now == _seen:
+        return
+    with _lock:
+        if now == _seen:
+            return
+        ended, _seen = _seen, now
+        if ended is None:
+            return
+        holders = list(_holders)
+        _holders.clear()
+        forgets = list(_module_holders)
+    for holder in holders:
+        holder.forget_session()
+    for forget in forgets:
+        forget()
+
+
+compat.after_ray_init(check)

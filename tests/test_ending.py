@@ -1,0 +1,79 @@
+"""Every run ends clean: a real training script, in a fresh interpreter of its own session,
+ended each way a training process ends, leaves no process behind and exits as it would with
+torch's loader (NOTE [ dpex How Each Process Ends ], process_ends.py).
+
+Each case runs ``benchmarks/ending_script.py`` twice, with dpex's loader (torch's default
+arguments plus ``distribute_mode=True``, on the embedded Ray, as from a plain shell) and with
+torch's, side by side, through ``benchmarks/ending.py``. It asserts that the dpex run exited
+(no hang), with torch's exit status, and that within 10 s nothing of it is left: no process
+of its session, and none anywhere that names its Ray session directory. The variants on a
+``ray start`` cluster and on an autoscaling one are in test_ray_start.py and
+test_autoscaler.py, beside their clusters.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from conftest import user_env
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+import ending  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+NO_HANG_S = 20.0  # an exit slower than this is a hang (torch's take well under a second)
+_torch_runs: dict[tuple, ending.Ending] = {}
+
+
+def run_beside_torch(end: str, **options) -> tuple[ending.Ending, ending.Ending]:
+    """The dpex run and torch's (once per case: cached), at the same time."""
+    key = (end, tuple(sorted((k, v) for k, v in options.items() if k != "local_start")))
+    runs: dict[str, ending.Ending] = {}
+
+    def torch_run() -> None:
+        runs["torch"] = ending.run(end, loader="torch", env=user_env(), **options)
+
+    thread = None
+    if key not in _torch_runs:
+        thread = threading.Thread(target=torch_run)
+        thread.start()
+    dpex_run = ending.run(end, env=user_env(), **options)
+    if thread is not None:
+        thread.join()
+        _torch_runs[key] = runs["torch"]
+    return dpex_run, _torch_runs[key]
+
+
+def assert_ends_as_torch(dpex_run: ending.Ending, torch_run: ending.Ending) -> None:
+    output = dpex_run.output[-3000:]
+    assert dpex_run.exit_s < NO_HANG_S, f"did not exit ({dpex_run.exit_s} s):\n{output}"
+    assert dpex_run.returncode == torch_run.returncode, (
+        f"exit status {dpex_run.returncode}, torch's {torch_run.returncode}:\n{output}")
+    assert dpex_run.left == [], f"left after {ending.LEFT_AFTER_S} s: {dpex_run.left}"
+    assert torch_run.left == []
+
+
+@pytest.mark.parametrize("handler", [False, True], ids=["", "own-SIGTERM-handler"])
+@pytest.mark.parametrize("end", ending.ENDS)
+def test_a_plain_loop_ends_clean_however_it_ends(end, handler):
+    assert_ends_as_torch(*run_beside_torch(end, handler=handler))
+
+
+@pytest.mark.parametrize("end", ["exit", "sigterm", "sigkill"])
+def test_without_the_cold_start_the_embedded_ray_ends_with_the_trainer(end):
+    assert_ends_as_torch(*run_beside_torch(end, local_start=False))
+
+
+@pytest.mark.parametrize("end", ["exit", "sigint", "sigterm", "sigkill"])
+def test_lightning_with_its_own_signal_handlers_ends_clean(end):
+    assert_ends_as_torch(*run_beside_torch(end, framework="lightning"))
+
+
+@pytest.mark.parametrize("end", ["exit", "sigkill"])
+def test_accelerate_ends_clean(end):
+    assert_ends_as_torch(*run_beside_torch(end, framework="accelerate"))
