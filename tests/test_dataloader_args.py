@@ -105,3 +105,17 @@ def test_worker_warning_only_outside_distribute_mode(recwarn):
     assert not [w for w in recwarn if "worker processes in total" in str(w.message)]
     with pytest.warns(UserWarning, match="worker processes in total"):
         dpex.DataLoader(DS, num_workers=512)
+
+
+def test_it_still_builds_after_torchs_public_name_is_pointed_at_it():
+    """``torch.utils.data.DataLoader = dpex.DataLoader`` (how users make a framework build
+    dpex's loader) must not send dpex's own code into itself: it raised RecursionError."""
+    original = torch.utils.data.DataLoader
+    torch.utils.data.DataLoader = dpex.DataLoader
+    try:
+        loader = dpex.DataLoader(list(range(8)), batch_size=2)
+        assert loader.multiprocessing_context is None
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert isinstance(loader, original)
+    finally:
+        torch.utils.data.DataLoader = original

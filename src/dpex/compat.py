@@ -99,9 +99,9 @@ def check_supported_versions() -> None:
 
 def dataloader_has_in_order() -> bool:
     """torch's DataLoader takes ``in_order`` (torch 2.6 and later)."""
-    import torch.utils.data
+    from torch.utils.data.dataloader import DataLoader  # torch's, whatever the public name is
 
-    return "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    return "in_order" in inspect.signature(DataLoader.__init__).parameters
 
 
 def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> None:

@@ -16,6 +16,10 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
+# torch's own class, from the module that defines it, taken once: never looked up by its
+# public name at call time, which a user (or a zero-code runner) may point at this class.
+from torch.utils.data.dataloader import DataLoader as TorchDataLoader
+
 from dpex import compat
 from dpex.integrations import rebuilt
 from dpex.placement import WorkerOptions
@@ -36,7 +40,7 @@ __all__ = ["DataLoader", "DpexDataLoader"]
 _HAS_IN_ORDER = compat.dataloader_has_in_order()
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(TorchDataLoader):
     """A drop-in ``torch.utils.data.DataLoader`` that can run its workers on a Ray cluster.
 
     Takes every argument of ``torch.utils.data.DataLoader`` with the same defaults and
@@ -139,11 +143,11 @@ class DataLoader(torch.utils.data.DataLoader):
         accelerate is rebuilding this loader as torch's: ``dpex.integrations.rebuilt``."""
         if self.__dict__.get("distribute_mode") and self.num_workers > 0:
             rebuilt.note_read(sys._getframe(1))
-        return torch.utils.data.DataLoader.multiprocessing_context.fget(self)
+        return TorchDataLoader.multiprocessing_context.fget(self)
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, value) -> None:
-        torch.utils.data.DataLoader.multiprocessing_context.fset(self, value)
+        TorchDataLoader.multiprocessing_context.fset(self, value)
 
     @property
     def _uses_ray(self) -> bool:

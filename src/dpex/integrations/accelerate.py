@@ -26,11 +26,11 @@ import warnings
 from typing import Any
 
 import accelerate
-import torch.utils.data
 from accelerate.data_loader import DataLoaderAdapter
 from torch.utils.data import IterableDataset
 
 from dpex.dataloader import DataLoader as DpexDataLoader
+from dpex.dataloader import TorchDataLoader
 from dpex.integrations import rebuilt
 
 __all__ = ["Accelerator", "prepare"]
@@ -92,7 +92,7 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
         if hasattr(prepared, "dl_state_dict"):
             prepared.dl_state_dict = prepared.base_dataloader.state_dict()
         return prepared
-    if type(prepared) is torch.utils.data.DataLoader:  # skip_first_batches of a plain loader
+    if type(prepared) is TorchDataLoader:  # skip_first_batches of a plain loader
         return _dpex_like(prepared, original)
     _warn_fallback(prepared)
     return prepared
@@ -102,7 +102,7 @@ def _no_adjustment() -> None:
     pass
 
 
-def _dpex_like(base: torch.utils.data.DataLoader, original: DpexDataLoader) -> DpexDataLoader:
+def _dpex_like(base: TorchDataLoader, original: DpexDataLoader) -> DpexDataLoader:
     """A dpex loader built as accelerate built ``base``, with ``original``'s dpex options."""
     kwargs: dict[str, Any] = dict(
         num_workers=base.num_workers, collate_fn=base.collate_fn, pin_memory=base.pin_memory,
