@@ -382,12 +382,15 @@ class ProcessLifecycle:
         if self._shutdown:
             return
         self._shutdown = True
-        session_handles.keep(
-            self._dataset_ref, list(self._calls), list(self._unarrived),
-            list(self._task_ref.values()), [s.ready_ref for s in self._slots],
-            [(p.actor, p.ready_ref) for p in self._procs])
-        stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])
-        self._forget_processes()
+        session_handles.keep(  # (getattr: it may have failed before its first epoch)
+            self._dataset_ref, list(getattr(self, "_calls", ())),
+            list(getattr(self, "_unarrived", ())),
+            list(getattr(self, "_task_ref", {}).values()),
+            [s.ready_ref for s in getattr(self, "_slots", ())],
+            [(p.actor, p.ready_ref) for p in getattr(self, "_procs", ())])
+        if hasattr(self, "_procs"):
+            stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])
+            self._forget_processes()
 
     def _forget_processes(self) -> None:
         self._procs = []

@@ -31,6 +31,7 @@ What dpex does
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -88,10 +89,12 @@ def check() -> None:
         holders = list(_holders)
         _holders.clear()
         forgets = list(_module_holders)
-    for holder in holders:
-        holder.forget_session()
-    for forget in forgets:
-        forget()
+    for forget in [h.forget_session for h in holders] + forgets:
+        try:
+            forget()
+        except Exception as exc:  # noqa: BLE001 - never fail the user's ray.init for it
+            warnings.warn(f"dpex: could not set aside a Ray handle of an ended session: "
+                          f"{exc!r}", stacklevel=2)
 
 
 compat.after_ray_init(check)
