@@ -11,6 +11,7 @@ from dpex.pool import shutdown_pool  # noqa: E402
 from dpex.scaling import Autoscale  # noqa: E402
 from dpex.stats import StatsSnapshot  # noqa: E402
 from dpex.worker_info import get_worker_info  # noqa: E402
+from dpex.zero_code import patch  # noqa: E402
 
 __all__ = [
     "Autoscale",
@@ -20,6 +21,7 @@ __all__ = [
     "WorkerOptions",
     "distributed",
     "get_worker_info",
+    "patch",
     "shutdown_pool",
 ]
 __version__ = "0.1.0"
