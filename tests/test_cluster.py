@@ -59,13 +59,13 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
         second = run(worker_options=opts)  # a second loader shares the same session
         cluster.ensure_ray(None)
         node = ray.nodes()[0]
-        from dpex import compat
+        from dpex import compat_auth
         helper = cluster._head._proc.pid if cluster._head is not None else None
         print(json.dumps({{"batches": batches, "same": batches == second,
                           "owns": cluster.owns_ray_session(),
                           "ip": node["NodeManagerAddress"],
                           "dashboard": ray._private.worker.get_dashboard_url(),
-                          "token_auth": compat.token_auth_enabled(),
+                          "token_auth": compat_auth.token_auth_enabled(),
                           "helper": helper}}))
     """, stderr=stderr)
     assert out[0]["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and out[0]["same"]

@@ -12,13 +12,13 @@ import pytest
 import ray
 from conftest import user_env
 
-from dpex import compat
+from dpex import compat, compat_auth
 
 SCRIPT = """
 import json
-from dpex import compat
-print(json.dumps({"token": compat.find_token(), "current": compat.current_token(),
-                  "source": compat.token_source()}))
+from dpex import compat_auth
+print(json.dumps({"token": compat_auth.find_token(), "current": compat_auth.current_token(),
+                  "source": compat_auth.token_source()}))
 """
 
 
@@ -35,7 +35,7 @@ def lookups(*cases: dict[str, str]) -> list[dict]:
     return found
 
 
-@pytest.mark.skipif(not compat.has_token_auth(), reason="this Ray has no token authentication")
+@pytest.mark.skipif(not compat_auth.has_token_auth(), reason="this Ray has no token authentication")
 def test_token_lookup_follows_rays_order(tmp_path):
     empty, home = tmp_path / "empty", tmp_path / "home"
     for directory in (empty, home):
@@ -105,9 +105,9 @@ def test_in_order_is_taken_exactly_where_torch_takes_it():
 
 
 def test_token_auth_is_absent_not_broken_on_a_ray_without_it():
-    if compat.has_token_auth():
+    if compat_auth.has_token_auth():
         pytest.skip(f"Ray {ray.__version__} has token authentication")
-    assert compat.find_token() is None and compat.current_token() is None
-    assert not compat.token_auth_enabled()
+    assert compat_auth.find_token() is None and compat_auth.current_token() is None
+    assert not compat_auth.token_auth_enabled()
     with pytest.raises(compat.RayInternalsError, match="token authentication"):
-        compat.enable_token_auth("abc")
+        compat_auth.enable_token_auth("abc")

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 import ray
 
-from dpex import compat
+from dpex import compat, compat_auth
 from dpex.embedded_head import EmbeddedHead
 
 _lock = threading.Lock()
@@ -223,7 +223,7 @@ def _check_joinable(address: str) -> None:
     """
     try:
         versions = _versions_with_token_if_needed(address)
-    except compat.TokenRejected as exc:
+    except compat_auth.TokenRejected as exc:
         raise _token_error(address, exc) from None
     except ConnectionError as exc:
         raise ConnectionError(
@@ -237,27 +237,27 @@ def _check_joinable(address: str) -> None:
 
 def _versions_with_token_if_needed(address: str) -> dict | None:
     try:
-        versions = compat.cluster_versions(address, None, CONNECT_TIMEOUT_S)
-    except compat.TokenRejected:
-        token = compat.find_token()
+        versions = compat_auth.cluster_versions(address, None, CONNECT_TIMEOUT_S)
+    except compat_auth.TokenRejected:
+        token = compat_auth.find_token()
         if token is None or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
             raise
     else:
         # A cluster without authentication: this process joins it without too, whatever an
-        # earlier Ray session of the process left turned on (compat.disable_token_auth).
-        compat.disable_token_auth()
+        # earlier Ray session of the process left turned on (compat_auth.disable_token_auth).
+        compat_auth.disable_token_auth()
         return versions
-    versions = compat.cluster_versions(address, token, CONNECT_TIMEOUT_S)
-    compat.enable_token_auth()
+    versions = compat_auth.cluster_versions(address, token, CONNECT_TIMEOUT_S)
+    compat_auth.enable_token_auth()
     return versions
 
 
 def _token_error(address: str, cause: Exception) -> ConnectionError:
-    where = compat.token_source()
+    where = compat_auth.token_source()
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         fix = ("RAY_AUTH_MODE=disabled in this environment turns token authentication off; "
                "unset it.")
-    elif compat.find_token() is None:
+    elif compat_auth.find_token() is None:
         fix = (f"this machine has no Ray token: Ray looks in RAY_AUTH_TOKEN, then the file "
                f"RAY_AUTH_TOKEN_PATH names, then ~/.ray/auth_token. Copy the cluster's token "
                f"(`ray get-auth-token` on its head node) to {where}.")
@@ -272,7 +272,7 @@ def _token_error(address: str, cause: Exception) -> ConnectionError:
 
 def _check_versions(address: str, versions: dict) -> None:
     theirs = versions.get("ray_version"), versions.get("python_version")
-    ours = compat.driver_versions()
+    ours = compat_auth.driver_versions()
     if theirs != ours:
         raise ConnectionError(
             f"dpex could not join the Ray cluster at {address!r}: it runs Ray {theirs[0]} on "

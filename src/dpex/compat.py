@@ -7,9 +7,8 @@ dpex is built on public APIs, except for what has no public form:
 * torch: the worker-info slot that ``get_worker_info()`` reads; the default process
   group's store; the DataLoader's ``in_order`` argument (torch 2.6 and later).
 * Ray: reading the address ``ray start`` recorded, binding an embedded Ray to loopback,
-  token authentication (finding the token, turning token mode on in a process that already
-  imported ``ray``; Rays before token auth have none of it), and asking a cluster's GCS for
-  its versions before joining it.
+  the node a process started, Ray's post-init hooks; and, in ``compat_auth``, token
+  authentication and asking a cluster's GCS for its versions before joining it.
 
 Where versions differ, a feature check decides (``hasattr``, a signature), not a version
 string. Each Ray piece is imported lazily and fails with ``RayInternalsError`` naming the
@@ -26,18 +25,14 @@ import inspect
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import ray
 
 # The versions dpex supports, both ends included (pyproject.toml declares the same).
 SUPPORTED = {"torch": ((2, 4), (2, 15)), "ray": ((2, 40), (2, 60))}
 
-# The GCS key ``ray start`` / ``ray.init`` store the cluster's versions under.
-_METADATA_KEY, _METADATA_NAMESPACE = b"CLUSTER_METADATA", b"cluster"
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
@@ -45,11 +40,8 @@ class RayInternalsError(RuntimeError):
     """This Ray lacks a private piece dpex needs."""
 
 
-class TokenRejected(Exception):
-    """The cluster wants token authentication, and this process has no token it accepts."""
-
-
-def _missing(what: str, exc: Exception) -> RayInternalsError:
+def missing_piece(what: str, exc: Exception) -> RayInternalsError:
+    """The error for a private Ray piece that this Ray lacks (``what``, and why)."""
     return RayInternalsError(
         f"dpex needs {what} from Ray, which Ray {ray.__version__} does not provide ({exc}); "
         f"dpex supports {_range_text('ray')}"
@@ -161,7 +153,7 @@ def recorded_cluster_address() -> str | None:
     try:
         from ray._private.utils import read_ray_address
     except ImportError as exc:
-        raise _missing("read_ray_address (the `ray start` record)", exc) from None
+        raise missing_piece("read_ray_address (the `ray start` record)", exc) from None
     return read_ray_address()
 
 
@@ -177,7 +169,7 @@ def loopback_only() -> Iterator[None]:
     try:
         from ray._private import ray_constants
     except ImportError as exc:
-        raise _missing("ray_constants.ENABLE_RAY_CLUSTER", exc) from None
+        raise missing_piece("ray_constants.ENABLE_RAY_CLUSTER", exc) from None
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
@@ -318,136 +310,3 @@ def request_cluster_resources(bundles: list[dict], label_selectors: list[dict]) 
     except TypeError:  # "each bundle key should be str and value as int"
         request_resources(bundles=[{name: math.ceil(amount) for name, amount in bundle.items()}
                                    for bundle in whole], **kwargs)
-
-
-# ----------------------------------------------------------------------------- token auth
-
-
-def token_source() -> str:
-    """Where Ray looks for this machine's token, first match wins (Ray's own order)."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return "the RAY_AUTH_TOKEN environment variable"
-    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        return f"the file {os.environ['RAY_AUTH_TOKEN_PATH']} (RAY_AUTH_TOKEN_PATH)"
-    return f"the file {Path.home() / '.ray' / 'auth_token'}"
-
-
-def has_token_auth() -> bool:
-    """This Ray has token authentication (Rays before it have neither tokens nor the mode)."""
-    import ray._raylet
-
-    return hasattr(ray._raylet, "get_authentication_mode")
-
-
-def token_auth_enabled() -> bool:
-    """True when this process talks to Ray with token authentication."""
-    if not has_token_auth():
-        return False
-    try:
-        from ray._raylet import AuthenticationMode, get_authentication_mode
-    except ImportError as exc:
-        raise _missing("token authentication (ray._raylet.get_authentication_mode)", exc) from None
-    return get_authentication_mode() == AuthenticationMode.TOKEN
-
-
-def find_token() -> str | None:
-    """This machine's Ray token, found where and as ``ray.init()`` finds it; None if none
-    (always None on a Ray without token authentication: it would never send one)."""
-    if not has_token_auth():
-        return None
-    loader = _token_loader()
-    loader.reset_cache()  # the files and variables as they are now, not at import
-    if not loader.has_token(ignore_auth_mode=True):
-        return None
-    return loader.get_raw_token(ignore_auth_mode=True).strip() or None
-
-
-def current_token() -> str | None:
-    """The token this process authenticates with, or None when token auth is off here."""
-    return find_token() if token_auth_enabled() else None
-
-
-def enable_token_auth(token: str | None = None) -> None:
-    """Turn token auth on for this process (and the processes it starts), as ``ray.init()``
-    does when it joins a cluster it found itself; with ``token``, use that one.
-
-    ``RAY_AUTH_MODE`` alone is not enough once ``ray`` is imported: Ray caches its config and
-    the token at import, and refreshes both the same way when it turns auth on itself.
-    """
-    if not has_token_auth():
-        raise _missing("token authentication", RuntimeError("the cluster asks for a token"))
-    os.environ["RAY_AUTH_MODE"] = "token"
-    if token is not None:
-        os.environ["RAY_AUTH_TOKEN"] = token
-        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-    try:
-        from ray._raylet import Config
-    except ImportError as exc:
-        raise _missing("ray._raylet.Config (token authentication)", exc) from None
-    Config.initialize("")
-    _token_loader().reset_cache()
-
-
-def disable_token_auth() -> None:
-    """Turn token auth off for this process (not connected to Ray), as a fresh process
-    joining a cluster without authentication would have it. A process that ran a local Ray
-    before (Ray turns token mode on, in its environment and its cached config, and leaves it
-    on after ``ray.shutdown()``) would otherwise refuse the calls of that cluster's nodes to
-    its own workers: their actors die "because all references to the actor were removed"."""
-    if not token_auth_enabled():
-        return
-    # Ray's own default where nothing asks for tokens (no RAY_AUTH_MODE): a user's
-    # RAY_AUTH_MODE=disabled still means what it says at a later join.
-    os.environ.pop("RAY_AUTH_MODE", None)
-    from ray._raylet import Config
-
-    Config.initialize("")
-    _token_loader().reset_cache()
-
-
-def _token_loader():
-    try:
-        from ray._raylet import AuthenticationTokenLoader
-    except ImportError as exc:
-        raise _missing("token authentication (AuthenticationTokenLoader)", exc) from None
-    return AuthenticationTokenLoader.instance()
-
-
-# ----------------------------------------------------------------------------- probing
-
-
-def cluster_versions(address: str, token: str | None, timeout_s: float) -> dict | None:
-    """Ask the GCS at ``address`` for its cluster's versions, sending ``token`` if given;
-    ``{"ray_version", "python_version", ...}``, or None if it has not recorded them.
-
-    A plain gRPC call: it answers in milliseconds where ``ray.init`` would retry for 20 s, and
-    a refusal is an answer here, not a warning on the user's terminal.
-
-    Raises:
-        TokenRejected: the cluster wants a token, and ``token`` is None or not its token.
-        ConnectionError: anything else went wrong (not a Ray GCS, another protocol...).
-    """
-    import grpc
-
-    try:
-        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-    except ImportError as exc:
-        raise _missing("the GCS protocol (ray.core.generated.gcs_service_pb2)", exc) from None
-    metadata = [("authorization", f"Bearer {token}")] if token else []
-    request = gcs_service_pb2.InternalKVGetRequest(key=_METADATA_KEY, namespace=_METADATA_NAMESPACE)
-    with grpc.insecure_channel(address) as channel:
-        stub = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel)
-        try:
-            reply = stub.InternalKVGet(request, timeout=timeout_s, metadata=metadata)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                raise TokenRejected(exc.details()) from None
-            raise ConnectionError(f"{exc.code().name}: {exc.details()}") from None
-    return json.loads(reply.value) if reply.value else None
-
-
-def driver_versions() -> tuple[str, str]:
-    """(Ray version, Python version) of this process, as Ray compares them with a cluster's."""
-    import platform
-
-    return ray.__version__, platform.python_version()

@@ -32,9 +32,9 @@ Token authentication (Ray 2.60)
   is enabled for this Ray cluster") and keeps the token in ``~/.ray/auth_token``. A process
   joining with an explicit address does *not* turn auth on by itself, and fails with
   "Authentication token is missing or incorrect". So rank 0 sends the token along, and each
-  joining rank adopts it before ``ray.init`` (``compat.enable_token_auth``). The token travels over
-  the process group's connections: whoever can reach those can already run code in every
-  rank (``broadcast_object_list`` unpickles), so this exposes nothing new.
+  joining rank adopts it before ``ray.init`` (``compat_auth.enable_token_auth``). The token
+  travels over the process group's connections: whoever can reach those can already run
+  code in every rank (``broadcast_object_list`` unpickles), so this exposes nothing new.
 
 Clean end
   ``shutdown_ray_for_ranks()`` is a collective too: a barrier (every rank is done with its
@@ -92,7 +92,7 @@ from dataclasses import dataclass, field
 import ray
 import torch.distributed as dist
 
-from dpex import compat
+from dpex import compat, compat_auth
 from dpex.cluster import driver_pythonpath, ensure_ray, join, owns_ray_session
 
 __all__ = ["init_ray_for_ranks", "ray_for_ranks", "shutdown_ray_for_ranks"]
@@ -217,7 +217,7 @@ def _connect_as_source(head_address: str | None) -> _ClusterInfo:
             embedded=owns_ray_session(),
             node_ip=node_ip,
             hostname=socket.gethostname(),
-            auth_token=compat.current_token(),
+            auth_token=compat_auth.current_token(),
         )
     except Exception as exc:  # shared, so the other ranks fail too instead of waiting
         return _ClusterInfo(error=f"{type(exc).__name__}: {exc}")
@@ -241,7 +241,7 @@ def _join(info: _ClusterInfo, rank: int) -> None:
             "--address=HEAD:6379` on the others) and launch torchrun after it."
         )
     if info.auth_token is not None:
-        compat.enable_token_auth(info.auth_token)
+        compat_auth.enable_token_auth(info.auth_token)
     if not info.embedded:
         join(info.address)
         return
