@@ -47,5 +47,6 @@ def main() -> None:
         pass
     stop_ray()
 
+
 if __name__ == "__main__":
     main()

@@ -8,21 +8,26 @@ Why
   destructor waits on a metrics flush). A cold process's first loader instead begins on
   local processes (local_start.py) while a helper process starts the head; the trainer
   joins it once it is up (0.1 s) and hands its logical workers over to Ray processes.
+  Without the local start the trainer waits for the helper and joins at once: the embedded
+  Ray runs in the helper in every case, so that one process owns it and ends it however
+  the trainer ends.
 
 The helper
   ``python _head_process.py NICENESS``: a plain Python process (Ray, no torch) that runs
   ``ray.init(address="local")`` bound to loopback, with the trainer's worker niceness, prints
   one line, ``127.0.0.1:<GCS port>``, then reads its stdin until it closes. Then it shuts
-  Ray down (the head's daemons are its children) and exits.
+  Ray down (the head's daemons are its children) and SIGKILLs what is left of the node's
+  processes (Ray's agents, still starting, outlived their raylet), and exits.
 
 Who owns what
   The trainer owns the helper: it closes the helper's stdin at interpreter exit
   (``stop``). When the trainer dies, however it dies, the helper's watchdog sees it gone
-  within a second (NOTE [ dpex How Each Process Ends ]). The trainer does not wait for
-  Ray's daemons to stop: the helper does that, within seconds of the trainer's exit. The
-  helper ignores Ctrl-C, which the terminal sends to the whole process group: a trainer
-  that catches it (Lightning's graceful shutdown) keeps its Ray. While the trainer has not joined, it holds no Ray state
-  at all, so forking local worker processes stays as safe as torch's own forks.
+  within a second and kills its whole process tree (NOTE [ dpex How Each Process Ends ]).
+  The trainer does not wait for Ray's daemons to stop: the helper does that, within
+  seconds of the trainer's exit. The helper ignores Ctrl-C, which the terminal sends to
+  the whole process group: a trainer that catches it (Lightning's graceful shutdown) keeps
+  its Ray. While the trainer has not joined, it holds no Ray state at all, so forking
+  local worker processes stays as safe as torch's own forks.
 """
 
 from __future__ import annotations
