@@ -14,7 +14,7 @@ import torch
 
 import dpex
 from dpex.integrations.accelerate import Accelerator
-from helpers import AugmentedDataset
+from helpers import REFERENCE_CONTEXT, AugmentedDataset
 
 NUM_SAMPLES = 32  # 4 batches per process per epoch with 2 processes
 EPOCHS = 2
@@ -40,8 +40,10 @@ def on_ray(prepared) -> bool:
 
 def main(out_dir: str) -> None:
     accelerator = Accelerator(cpu=True)
-    # torch's loader first: its workers fork before Ray runs in this process.
-    expected = read(accelerator, accelerator.prepare(make(torch.utils.data.DataLoader)))
+    # torch's loader first, before Ray runs in this process. Its workers start from a fork
+    # server: a fork of a rank holding gloo's threads once left a worker stuck (torch 2.4).
+    expected = read(accelerator, accelerator.prepare(
+        make(torch.utils.data.DataLoader, multiprocessing_context=REFERENCE_CONTEXT)))
     dpex_kwargs = {"distribute_mode": True, "head_address": None}  # None: the embedded Ray
     prepared = accelerator.prepare(make(dpex.DataLoader, **dpex_kwargs))
     got = read(accelerator, prepared)
