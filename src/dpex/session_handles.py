@@ -4,15 +4,15 @@ NOTE [ dpex Handles Stay in Their Ray Session ]
 
 Why
   An actor handle or object ref is valid only in the Ray session that made it, but Ray
-  does not check: dropping one decrements, in whatever session the process is connected
-  to now, the count of the actor or object with that ID; ``ray.kill`` of one kills that
-  actor (or aborts the interpreter, on newer Rays). And IDs repeat across sessions: a
-  driver that is the first job of each cluster (``01000000``) numbers its tasks, actors
-  and puts the same way each time. So a dpex iterator left from one session, collected
-  during the next, ended the next session's first actors "because all references to the
-  actor were removed". Notebooks meet this (a loader on the embedded Ray, then
-  ``ray.shutdown()`` and ``ray.init(address=...)``), and so does any process that uses Ray
-  twice.
+  does not check on every path: ``ray.kill`` of a handle from an ended session aborts the
+  interpreter on older Rays (a failed check in the core worker) and raises on newer ones; a
+  method call on one fails; dropping one decrements a count in whatever session the
+  process is connected to now. dpex's iterators and warm pool release their handles when
+  they are collected or at an epoch's end, which can come after the user's
+  ``ray.shutdown()`` and ``ray.init(address=...)``: notebooks do this, and so does any
+  process that uses Ray twice. (The actors that died "because all references to the actor
+  were removed" in such a process had another cause, token authentication:
+  ``compat_auth.disable_token_auth``.)
 
 What dpex does
   Every object of dpex's that holds Ray handles (an iterator, a worker process's handle,
