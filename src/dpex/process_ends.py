@@ -7,7 +7,7 @@ Who owns what
     * the local worker processes of a cold start (local_workers.py), forked from it;
     * the helper that runs the embedded Ray's head (embedded_head.py), started from it;
     * through the helper, the head's daemons (GCS, raylet, dashboard, monitor...), which
-      Ray starts as the helper's children and ties to it (they die with it);
+      Ray starts as the helper's children;
     * through the raylet, the Ray worker processes of the embedded Ray, which exit when
       their raylet does.
   On a cluster it joined, it owns its worker actors (ordinary actors: Ray kills them when
@@ -24,8 +24,9 @@ What ends each, as torch's own workers end
       (Ctrl-C reaches the trainer, which stops it), and closes the trainer's ends of the
       pipes and handles it inherited (``forget_in_child``): its siblings' pipes then reach
       EOF when the trainer goes.
-    * The helper: its stdin closes (the trainer closes it at exit), or its watchdog finds
-      the trainer gone; then it shuts Ray down, which stops the daemons it started.
+    * The helper: its stdin closes (the trainer closes it at exit): it shuts Ray down and
+      SIGKILLs what is left of the node's processes (``shutdown_ray``). Or its watchdog
+      finds the trainer gone: it SIGKILLs its whole process tree (``kill_descendants``).
 
 In each way the trainer can end
   * Normal exit, an exception, ``break``, Ctrl-C: ``atexit`` runs. Iterators release their
@@ -34,7 +35,9 @@ In each way the trainer can end
   * SIGTERM with no handler, SIGKILL, the OOM killer, ``os._exit``: nothing runs in the
     trainer. Its local processes and the helper see their parent gone within ``WATCH_S``
     and end; the helper takes the embedded Ray's daemons and workers with it. On a joined
-    cluster Ray ends the driver's actors, and its autoscaler ask lapses.
+    cluster Ray ends the driver's actors, and its autoscaler ask lapses. (dpex's own
+    ``ray.init`` keeps the trainer's SIGTERM disposition, ``compat.signal_handlers_kept``:
+    Ray's would exit with status 15 where torch's loader leaves the signal's -15.)
   * SIGTERM with a handler: the trainer goes on as its handler says, and then ends one of
     the ways above.
 
