@@ -84,7 +84,6 @@ class WorkerPool:
     def __init__(self) -> None:
         self._lock = threading.RLock()  # RLock: release() may run from a __del__ at any time
         self._wakeup = threading.Condition(self._lock)
-        self._session: tuple[str, str] | None = None
         self._idle: dict[tuple, list[_Idle]] = {}
         self._reaper: threading.Thread | None = None
         self.created = 0  # actors this pool's users started, for tests and the benchmark
@@ -151,16 +150,14 @@ class WorkerPool:
 
     def forget_session(self) -> None:
         """The Ray session changed: keep the idle actors of the old one untouched
-        (NOTE [ dpex Handles Stay in Their Ray Session ])."""
+        (NOTE [ dpex Handles Stay in Their Ray Session ]). Called by ``session_handles``."""
         with self._lock:
             session_handles.keep(self._idle)
             self._idle = {}
-            self._session = session_handles.current()
 
     def _check_session(self) -> None:
+        # At each ray.init Ray runs the check itself; this is for Rays without that hook.
         session_handles.check()
-        if session_handles.current() != self._session:  # a Ray without post-init hooks
-            self.forget_session()
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or not self._reaper.is_alive():

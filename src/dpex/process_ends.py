@@ -91,14 +91,13 @@ def watch_parent(parent_pid: int, on_orphaned=None) -> threading.Thread:
 
     def watch() -> None:
         while os.getppid() == parent_pid:
-            stop.wait(WATCH_S)
+            time.sleep(WATCH_S)
         try:
             if on_orphaned is not None:
                 on_orphaned()
         finally:
             os._exit(0)
 
-    stop = threading.Event()
     thread = threading.Thread(target=watch, name="dpex-parent-watchdog", daemon=True)
     thread.start()
     return thread
