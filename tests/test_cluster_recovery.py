@@ -206,7 +206,7 @@ def test_a_node_where_processes_could_not_start_is_not_taken_again(cluster):
 def test_a_move_onto_a_process_that_never_started_is_called_off():
     """Pure: a new node's process that is given up ends the move onto it (else the move
     would wait for it, and no other node would be followed, for the rest of the epoch)."""
-    from dpex.lifecycle import ProcessHandle
+    from dpex.process_handle import ProcessHandle
     from dpex.node_following import NodeFollowing
 
     follow = NodeFollowing()

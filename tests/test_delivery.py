@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dpex.delivery import MIN_CALLS, OVERDUE_FACTOR, DeliveryRecord, judged, speed
-from dpex.lifecycle import ProcessHandle
+from dpex.process_handle import ProcessHandle
 from dpex.scaling import plan_moves, without_reversals
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from dpex.resume import WorkerPosition
 
 if TYPE_CHECKING:
-    from dpex.lifecycle import WorkerSlot
+    from dpex.process_handle import WorkerSlot
 
 # A call carries about this much work, and never more than MAX_TASKS_PER_CALL tasks.
 CALL_WORK_S = 0.005

@@ -68,7 +68,7 @@ from dpex.scaling import (AutoscalePolicy, Window, median, node_limit, plan_move
 
 if TYPE_CHECKING:
     from dpex.cluster_growth import ClusterGrowth
-    from dpex.lifecycle import ProcessHandle
+    from dpex.process_handle import ProcessHandle
     from dpex.remote_iter import _RayDataLoaderIter
 
 # Rebalance only when the loop waited more than this share of a window, and only for a

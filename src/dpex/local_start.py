@@ -44,7 +44,7 @@ from dpex import cluster
 from dpex.local_workers import LOCAL_NODE, LocalActor, wait
 
 if TYPE_CHECKING:
-    from dpex.lifecycle import ProcessHandle
+    from dpex.process_handle import ProcessHandle
     from dpex.placement import WorkerOptions
 
 
@@ -71,7 +71,7 @@ class LocalStart:
 
     def _start_locally(self, dataset: Any, config: Any, count: int) -> None:
         """Fork ``count`` local processes (the NOTE's step 1), then start the head (2)."""
-        from dpex.lifecycle import ProcessHandle
+        from dpex.process_handle import ProcessHandle
 
         for _ in range(count):
             self._proc_serial += 1

@@ -26,7 +26,7 @@ from dpex.placement import NoEligibleNodeError, eligible_node_cpus
 from dpex.scaling import Window, allocate
 
 if TYPE_CHECKING:
-    from dpex.lifecycle import ProcessHandle
+    from dpex.process_handle import ProcessHandle
 
 
 class NodeFollowing:

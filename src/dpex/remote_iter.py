@@ -74,7 +74,8 @@ from dpex import session_handles, transport, user_code
 from dpex.cluster import owns_ray_session
 from dpex.dispatch import Dispatch
 from dpex.elastic import ElasticControl
-from dpex.lifecycle import ProcessLifecycle, ProcessHandle, WorkerSlot, live_iterators
+from dpex.lifecycle import ProcessLifecycle, live_iterators
+from dpex.process_handle import ProcessHandle, WorkerSlot
 from dpex.local_start import LocalStart, can_start_locally
 from dpex.placement import NodePicker, WorkerOptions
 from dpex.receive import Receive
