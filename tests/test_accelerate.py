@@ -94,7 +94,7 @@ def test_plain_accelerate_swapping_in_torchs_loader_warns_once():
     from dpex.integrations import accelerate as integration
     from dpex.integrations import rebuilt
 
-    rebuilt._warned = False
+    rebuilt._warned.clear()
     local = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=1)
     on_ray = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=1, distribute_mode=True)
     with warnings.catch_warnings():

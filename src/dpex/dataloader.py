@@ -138,16 +138,18 @@ class DataLoader(TorchDataLoader):
             self.in_order = True
 
     @property
-    def multiprocessing_context(self):
-        """torch's property, read as torch reads it. A read by accelerate's code means
-        accelerate is rebuilding this loader as torch's: ``dpex.integrations.rebuilt``."""
+    def timeout(self) -> float:
+        """torch's argument, read as torch reads it. A read by a framework's code means the
+        framework is rebuilding this loader as torch's: ``dpex.integrations.rebuilt``."""
         if self.__dict__.get("distribute_mode") and self.num_workers > 0:
             rebuilt.note_read(sys._getframe(1))
-        return TorchDataLoader.multiprocessing_context.fget(self)
+        return self.__dict__["timeout"]
 
-    @multiprocessing_context.setter
-    def multiprocessing_context(self, value) -> None:
-        TorchDataLoader.multiprocessing_context.fset(self, value)
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        # Kept under torch's own name, so a copy of this loader's __dict__ (Ray Train's
+        # device wrapper makes one) still has it.
+        self.__dict__["timeout"] = value
 
     @property
     def _uses_ray(self) -> bool:

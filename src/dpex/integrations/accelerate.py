@@ -27,8 +27,6 @@ from typing import Any
 
 import accelerate
 from accelerate.data_loader import DataLoaderAdapter
-from torch.utils.data import IterableDataset
-
 from dpex.dataloader import DataLoader as DpexDataLoader
 from dpex.dataloader import TorchDataLoader
 from dpex.integrations import rebuilt
@@ -83,7 +81,7 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
     if not isinstance(original, DpexDataLoader) or prepared is original:
         return prepared
     if isinstance(prepared, DataLoaderAdapter):  # DataLoaderShard, DataLoaderDispatcher, ...
-        prepared.base_dataloader = _dpex_like(prepared.base_dataloader, original)
+        prepared.base_dataloader = rebuilt.dpex_like(prepared.base_dataloader, original)
         # accelerate before 1.13 "adjusts" a loader's state under DDP by rewriting torchdata
         # StatefulDataLoader's keys, which a dpex state does not have (KeyError); from 1.13
         # it leaves a state without them alone. The method is accelerate's documented hook
@@ -93,34 +91,13 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
             prepared.dl_state_dict = prepared.base_dataloader.state_dict()
         return prepared
     if type(prepared) is TorchDataLoader:  # skip_first_batches of a plain loader
-        return _dpex_like(prepared, original)
+        return rebuilt.dpex_like(prepared, original)
     _warn_fallback(prepared)
     return prepared
 
 
 def _no_adjustment() -> None:
     pass
-
-
-def _dpex_like(base: TorchDataLoader, original: DpexDataLoader) -> DpexDataLoader:
-    """A dpex loader built as accelerate built ``base``, with ``original``'s dpex options."""
-    kwargs: dict[str, Any] = dict(
-        num_workers=base.num_workers, collate_fn=base.collate_fn, pin_memory=base.pin_memory,
-        timeout=base.timeout, worker_init_fn=base.worker_init_fn,
-        multiprocessing_context=base.multiprocessing_context, generator=base.generator,
-        prefetch_factor=base.prefetch_factor, persistent_workers=base.persistent_workers,
-        pin_memory_device=base.pin_memory_device, in_order=getattr(base, "in_order", True),
-        distribute_mode=original.distribute_mode, head_address=original.head_address,
-        worker_options=original.worker_options,
-    )
-    # torch keeps what it was given apart from what it derived: rebuild from the former.
-    if isinstance(base.dataset, IterableDataset):
-        kwargs.update(batch_size=base.batch_size, drop_last=base.drop_last)
-    elif base.batch_sampler is None or base.batch_size is not None:
-        kwargs.update(sampler=base.sampler, batch_size=base.batch_size, drop_last=base.drop_last)
-    else:
-        kwargs.update(batch_sampler=base.batch_sampler)
-    return DpexDataLoader(base.dataset, **kwargs)
 
 
 def _warn_fallback(prepared: Any) -> None:

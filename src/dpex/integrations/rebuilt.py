@@ -1,13 +1,17 @@
-"""Noticing that plain accelerate rebuilt a dpex loader as torch's, and saying so once.
+"""Frameworks that rebuild a dpex loader as torch's: noticing it, and building dpex's back.
 
-``accelerate.Accelerator().prepare(loader)`` (and accelerate's module-level
-``skip_first_batches``) build a new ``torch.utils.data.DataLoader`` from the loader's
-constructor arguments, read one by one with ``getattr``; the dpex loader is never iterated
-again and its workers are torch's local processes from then on. accelerate calls nothing of
-dpex's, so dpex notices the one read that only such a rebuild makes: an attribute read
-(``multiprocessing_context``, see ``DataLoader``) whose caller is accelerate's code.
-``dpex.integrations.accelerate`` makes the same rebuild on purpose, inside
-``rebuild_expected()``, and then puts a dpex loader back.
+``accelerate.Accelerator().prepare(loader)`` (and accelerate's ``skip_first_batches``) and
+Ray Train's ``ray.train.torch.prepare_data_loader(loader)`` build a new
+``torch.utils.data.DataLoader`` from the loader's constructor arguments, read one by one as
+attributes; the dpex loader is never iterated again and its workers are torch's local
+processes from then on. Neither framework calls anything of dpex's, so dpex notices the one
+read that every such rebuild makes: ``timeout`` (a property of ``dpex.DataLoader``) read by
+the framework's own code. It warns once per framework, naming dpex's integration for it.
+
+No warning when the name the framework builds with (its module's ``DataLoader``) is a dpex
+class, as under ``dpex run`` / ``dpex.patch()`` (zero-code mode): the rebuilt loader is then
+dpex's. dpex's own integrations rebuild on purpose, inside ``rebuild_expected()``, and put
+a dpex loader back with ``dpex_like``.
 """
 
 from __future__ import annotations
@@ -17,42 +21,93 @@ import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 from types import FrameType
+from typing import Any
+
+from torch.utils.data import IterableDataset
 
 _expected: ContextVar[bool] = ContextVar("dpex_rebuild_expected", default=False)
-_warned = False
+
+# The frameworks known to rebuild loaders: their top module prefix, and dpex's fix.
+FIXES = {
+    "accelerate": (
+        "accelerate",
+        "use dpex.integrations.accelerate.Accelerator in place of accelerate.Accelerator (or "
+        "dpex.integrations.accelerate.prepare(accelerator, ...) for one you did not create)"),
+    "ray.train": (
+        "Ray Train's prepare_data_loader",
+        "use dpex.integrations.ray_train.prepare_data_loader in place of "
+        "ray.train.torch.prepare_data_loader"),
+}
+_warned: set[str] = set()
 
 
 def note_read(caller: FrameType | None) -> None:
-    """A Ray-backed dpex loader's attribute was read by ``caller``: warn once if that is
-    accelerate rebuilding the loader behind dpex's back."""
-    global _warned
-    if _warned or _expected.get() or caller is None:
+    """A Ray-backed dpex loader's ``timeout`` was read by ``caller``: warn once per framework
+    if that is a framework rebuilding the loader as torch's behind dpex's back."""
+    if _expected.get() or caller is None:
         return
-    if not _in_accelerate(caller):
+    framework = _framework_of(caller)
+    if framework is None or framework in _warned or _builds_dpex(caller):
         return
-    _warned = True
+    _warned.add(framework)
     level, frame = 3, caller  # this function, the property, then the caller's frames
-    while frame.f_back is not None and _in_accelerate(frame):
+    while frame.f_back is not None and _framework_of(frame) == framework:
         level, frame = level + 1, frame.f_back
+    who, fix = FIXES[framework]
     warnings.warn(
-        "dpex: accelerate rebuilt this dpex loader as torch's DataLoader, so it now loads "
-        "with torch's local worker processes, not Ray actors. To keep the workers on Ray, "
-        "use dpex.integrations.accelerate.Accelerator in place of accelerate.Accelerator "
-        "(or dpex.integrations.accelerate.prepare(accelerator, ...) for one you did not "
-        "create).",
-        stacklevel=level,  # the user's line that called accelerate
+        f"dpex: {who} rebuilt this dpex loader as torch's DataLoader, so it now loads with "
+        f"torch's local worker processes, not Ray actors. To keep the workers on Ray, {fix}; "
+        "or run the script with `dpex run`.",
+        stacklevel=level,  # the user's line that called the framework
     )
 
 
-def _in_accelerate(frame: FrameType) -> bool:
-    return frame.f_globals.get("__name__", "").partition(".")[0] == "accelerate"
+def _framework_of(frame: FrameType) -> str | None:
+    module = frame.f_globals.get("__name__", "")
+    for prefix in FIXES:
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix
+    return None
+
+
+def _builds_dpex(frame: FrameType) -> bool:
+    """The framework's module builds with a dpex class (zero-code mode patched it first)."""
+    from dpex.dataloader import DataLoader
+
+    built = frame.f_globals.get("DataLoader")
+    return isinstance(built, type) and issubclass(built, DataLoader)
 
 
 @contextlib.contextmanager
 def rebuild_expected() -> Iterator[None]:
-    """accelerate's rebuilds inside this block are dpex's own (it puts its loader back)."""
+    """A framework's rebuilds inside this block are dpex's own (it puts its loader back)."""
     token = _expected.set(True)
     try:
         yield
     finally:
         _expected.reset(token)
+
+
+def dpex_like(base: Any, original: Any, **keep: Any) -> Any:
+    """A ``dpex.DataLoader`` built as a framework built ``base`` (a torch loader), with
+    ``original``'s dpex options, and ``keep`` in place of ``base``'s same-named arguments."""
+    from dpex.dataloader import DataLoader
+
+    kwargs: dict[str, Any] = dict(
+        num_workers=base.num_workers, collate_fn=base.collate_fn, pin_memory=base.pin_memory,
+        timeout=base.timeout, worker_init_fn=base.worker_init_fn,
+        multiprocessing_context=base.multiprocessing_context, generator=base.generator,
+        prefetch_factor=base.prefetch_factor, persistent_workers=base.persistent_workers,
+        pin_memory_device=base.pin_memory_device, in_order=getattr(base, "in_order", True),
+        distribute_mode=original.distribute_mode, head_address=original.head_address,
+        worker_options=original.worker_options,
+    )
+    # torch keeps what it was given apart from what it derived: rebuild from the former.
+    if isinstance(base.dataset, IterableDataset):
+        kwargs.update(batch_size=base.batch_size, drop_last=base.drop_last)
+    elif base.batch_sampler is None or base.batch_size is not None:
+        kwargs.update(sampler=base.sampler, batch_size=base.batch_size, drop_last=base.drop_last)
+    else:
+        kwargs.update(batch_sampler=base.batch_sampler)
+    kwargs.update(keep)
+    return DataLoader(base.dataset, **kwargs)
