@@ -1,0 +1,89 @@
+"""The ``train_loop_per_worker`` of tests/test_ray_train.py, run by a real ``TorchTrainer``.
+
+Each rank loads 2 epochs of noisy samples through a loader prepared for Ray Train, as Ray's
+recipe does: ``config["kind"]`` is ``"torch"`` (torch's loader, Ray's
+``prepare_data_loader``) or ``"dpex"`` (a dpex loader, ``dpex.integrations.ray_train``'s).
+After every batch it reports a checkpoint holding the batches trained so far and, for dpex,
+``loader.state_dict()``; a restarted rank resumes from the last one. ``config["die_at"]``
+(epoch, step) makes rank 0 of the first attempt exit there, as a killed worker would. At
+the end each rank writes what it trained, and facts about its loader, to ``config["out"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+
+import torch
+import ray.train
+import ray.train.torch
+from helpers import AugmentedDataset
+
+import dpex
+from dpex.integrations.ray_train import prepare_data_loader
+
+EPOCHS = 2
+
+
+def train_loop(config: dict) -> None:
+    rank = ray.train.get_context().get_world_rank()
+    # Ray's recipe for a run that repeats: seeds this process, and has prepare_data_loader
+    # give the loader a seeded generator and worker_init_fn.
+    ray.train.torch.enable_reproducibility(seed=7)
+    loader = _prepared(config["kind"])
+    facts = {"type": type(loader).__module__ + "." + type(loader).__qualname__,
+             "on_ray": isinstance(loader, dpex.DataLoader) and loader.distribute_mode,
+             "ray_prepare_warnings": _what_rays_prepare_says() if rank == 0 else []}
+    epoch, trained = 0, []
+    checkpoint = ray.train.get_checkpoint()
+    facts["resumed"] = checkpoint is not None
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            saved = torch.load(os.path.join(folder, f"rank{rank}.pt"), weights_only=False)
+        epoch, trained = saved["epoch"], saved["trained"]
+        loader.load_state_dict(saved["loader"])
+    for epoch in range(epoch, EPOCHS):
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            if (rank == 0 and checkpoint is None and config["die_at"] is not None
+                    and (epoch, len(trained) % len(loader)) == tuple(config["die_at"])):
+                os._exit(1)  # mid-epoch, after the checkpoint of the batch before
+            trained.append(batch)
+            _report(rank, epoch, trained, loader, config["kind"])
+    torch.save(trained, os.path.join(config["out"], f"{config['kind']}-rank{rank}.pt"))
+    with open(os.path.join(config["out"], f"{config['kind']}-rank{rank}.json"), "w") as f:
+        json.dump(facts, f)
+
+
+def _prepared(kind: str):
+    options = dict(batch_size=4, shuffle=True, num_workers=2)
+    if kind == "torch":
+        return ray.train.torch.prepare_data_loader(
+            torch.utils.data.DataLoader(AugmentedDataset(48), **options))
+    return prepare_data_loader(dpex.DataLoader(AugmentedDataset(48), **options,
+                                               distribute_mode=True))
+
+
+def _report(rank: int, epoch: int, trained: list, loader, kind: str) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        if kind == "dpex":  # the next epoch's number once this one is through
+            state = {"epoch": epoch, "trained": trained, "loader": loader.state_dict()}
+            torch.save(state, os.path.join(folder, f"rank{rank}.pt"))
+            ray.train.report({"batches": len(trained)},
+                             checkpoint=ray.train.Checkpoint.from_directory(folder))
+        else:
+            ray.train.report({"batches": len(trained)})
+
+
+def _what_rays_prepare_says() -> list[str]:
+    """Ray's own prepare_data_loader on a dpex loader: what it warns (not iterated)."""
+    on_ray = dpex.DataLoader(AugmentedDataset(48), batch_size=4, shuffle=True, num_workers=2,
+                             distribute_mode=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rebuilt = ray.train.torch.prepare_data_loader(on_ray, move_to_device=False)
+        ray.train.torch.prepare_data_loader(on_ray, move_to_device=False)  # once only
+    return [type(rebuilt).__name__] + [str(w.message) for w in caught
+                                       if "dpex" in str(w.message)]
