@@ -23,6 +23,7 @@ from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 from dpex import compat
 from dpex.integrations import rebuilt
 from dpex.placement import WorkerOptions
+from dpex.ray_metrics import LoaderMetrics, default_name
 from dpex.resume import (
     PADDING,
     EpochRecord,
@@ -105,6 +106,8 @@ class DataLoader(TorchDataLoader):
         self.head_address = head_address
         self.worker_options = worker_options or WorkerOptions()
         self._stats = LoaderStats()
+        self._metrics = LoaderMetrics()
+        self.name = default_name(dataset)  # its tag on Ray's metrics endpoint (ray_metrics)
         self._record = EpochRecord()
         self._timeline = Timeline()
         self._pending_resume: PendingResume | None = None

@@ -103,6 +103,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._persistent_workers = loader.persistent_workers
         self._options: WorkerOptions = loader.worker_options
         self._stats = loader._stats
+        self._loader_metrics = loader._metrics
         self._timeline = loader._timeline
         self._pin_memory = transport.pin_memory_enabled(loader.pin_memory, loader.pin_memory_device)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)
@@ -193,6 +194,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             self._record.start_epoch(self._generator, self._num_workers,
                                      base_seed_drawn=False, carry_workers=True)
         self._sampler_iter = skipping(self._index_sampler, skip, 0, None)
+        self._loader_name = loader.name  # its tag on Ray's metrics endpoint (ray_metrics)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)
         self._num_yielded = 0
         self._send_idx = skip  # next task id to dispatch
@@ -253,7 +255,11 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
                 "processes with it; start a new epoch with iter(loader)")
         started = time.perf_counter()
         self._stalled = 0.0
-        result, worker_id = self._next_result()
+        try:
+            result, worker_id = self._next_result()
+        except StopIteration:
+            self._loader_metrics.publish(self._loader_name, self._stats)
+            raise
         waited = time.perf_counter() - started
         self._timeline.delivered(result.task_id, time.time())
         slot = self._slots[worker_id]
@@ -267,6 +273,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._fill()
         self._stats.set_in_flight(self._tasks_outstanding)
         self._control_step()
+        self._loader_metrics.tick(self._loader_name, self._stats)
         if result.kind == ERROR:
             result.payload.reraise()
         data = transport.from_wire(result.payload)
