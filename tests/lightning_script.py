@@ -15,10 +15,11 @@ import sys
 import lightning as L
 import ray
 import torch
-
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data.distributed import DistributedSampler
 
 import dpex
+from dpex.integrations.lightning import DataStallCallback
 from helpers import AugmentedDataset
 
 NUM_SAMPLES = 16  # a multiple of the world size: DistributedSampler adds no padding
@@ -82,7 +83,8 @@ def main(out_dir: str) -> None:
         torch.save([torch_batches(r) for r in range(WORLD_SIZE)], f"{out_dir}/torch.pt")
     model = Model()
     trainer = L.Trainer(
-        strategy="ddp", devices=WORLD_SIZE, accelerator="cpu", max_epochs=EPOCHS, logger=False,
+        strategy="ddp", devices=WORLD_SIZE, accelerator="cpu", max_epochs=EPOCHS,
+        logger=CSVLogger(out_dir, name="logs", version=0), callbacks=[DataStallCallback()],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0,
     )
@@ -101,6 +103,7 @@ def main(out_dir: str) -> None:
             for dl in (train, val)
         ],
         "gcs": ray.get_runtime_context().gcs_address,
+        "train_name": train.name,
     }
     torch.save(record, f"{out_dir}/rank{trainer.global_rank}.pt")
 

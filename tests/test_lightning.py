@@ -4,6 +4,7 @@ both ranks load on one shared Ray, and the batches are bitwise those of torch's 
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ def run(tmp_path_factory) -> tuple[list[dict], list[dict]]:
                           timeout=280, cwd=out)
     assert proc.returncode == 0, f"Lightning failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    ranks[0]["logged"] = list(csv.DictReader(open(out / "logs" / "version_0" / "metrics.csv")))
     return ranks, torch.load(out / "torch.pt")
 
 
@@ -55,3 +57,17 @@ def test_every_sample_once_per_epoch_bitwise_as_torch(run, stage):
         seen = [int(i) for r in ranks
                 for i in torch.cat([b["y"] for b in r[stage]])[epoch * per_rank:][:per_rank]]
         assert sorted(seen) == list(range(NUM_SAMPLES)), f"{stage} epoch {epoch}"
+
+
+def test_data_stall_callback_logs_each_epochs_stall_and_rate(run):
+    """``DataStallCallback`` writes the train loader's stall share, wait share, batches/s
+    and processes to the trainer's logger (CSV here) once per epoch, named by the loader."""
+    ranks, _ = run
+    prefix = f"dpex/{ranks[0]['train_name']}/"
+    rows = [row for row in ranks[0]["logged"] if row.get(prefix + "batches_per_s")]
+    assert len(rows) == EPOCHS, ranks[0]["logged"]
+    for row in rows:
+        stall, wait = float(row[prefix + "stall_fraction"]), float(row[prefix + "wait_fraction"])
+        assert 0 <= stall <= wait <= 1, row
+        assert float(row[prefix + "batches_per_s"]) > 0
+        assert float(row[prefix + "processes"]) >= 1
