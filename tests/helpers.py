@@ -159,6 +159,31 @@ def alive_actor_count(class_name: str = "Worker") -> int:
     return len(_list_actors(class_name, alive_only=True))
 
 
+def leftovers(sid: int, ray_sessions: set[str]) -> list[str]:
+    """What is still alive of an exited run, up to benchmarks/ending.py's 10 s after: any
+    process of its process session ``sid``, or naming one of its Ray sessions. Killed (by
+    pid, never ``ray stop``) before returning."""
+    import os
+    import signal
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    import ending
+
+    def alive() -> list[str]:
+        return ending.run_processes(sid, ray_sessions)
+
+    if wait_until(lambda: not alive(), timeout=ending.LEFT_AFTER_S, interval=0.25):
+        return []
+    left = alive()
+    for entry in left:
+        try:
+            os.kill(int(entry.split()[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -4,7 +4,8 @@ Each rank loads 2 epochs of noisy samples through a loader prepared for Ray Trai
 recipe does: ``config["kind"]`` is ``"torch"`` (torch's loader, Ray's
 ``prepare_data_loader``) or ``"dpex"`` (a dpex loader, ``dpex.integrations.ray_train``'s).
 After every batch it reports a checkpoint holding the batches trained so far and, for dpex,
-``loader.state_dict()``; a restarted rank resumes from the last one. ``config["die_at"]``
+``loader.state_dict()``; a restarted rank resumes from the last one. Run by
+tests/ray_train_script.py. ``config["die_at"]``
 (epoch, step) makes rank 0 of the first attempt exit there, as a killed worker would. At
 the end each rank writes what it trained, and facts about its loader, to ``config["out"]``.
 """
@@ -33,8 +34,9 @@ def train_loop(config: dict) -> None:
     # give the loader a seeded generator and worker_init_fn.
     ray.train.torch.enable_reproducibility(seed=7)
     loader = _prepared(config["kind"])
-    facts = {"type": type(loader).__module__ + "." + type(loader).__qualname__,
-             "on_ray": isinstance(loader, dpex.DataLoader) and loader.distribute_mode,
+    iterated = getattr(loader, "_dataloader", loader)  # inside Ray's device wrapper, if any
+    facts = {"type": type(iterated).__module__ + "." + type(iterated).__qualname__,
+             "on_ray": isinstance(iterated, dpex.DataLoader) and iterated.distribute_mode,
              "ray_prepare_warnings": _what_rays_prepare_says() if rank == 0 else []}
     epoch, trained = 0, []
     checkpoint = ray.train.get_checkpoint()
@@ -46,12 +48,16 @@ def train_loop(config: dict) -> None:
         loader.load_state_dict(saved["loader"])
     for epoch in range(epoch, EPOCHS):
         loader.sampler.set_epoch(epoch)
-        for batch in loader:
+        for step, batch in enumerate(loader):
             if (rank == 0 and checkpoint is None and config["die_at"] is not None
                     and (epoch, len(trained) % len(loader)) == tuple(config["die_at"])):
                 os._exit(1)  # mid-epoch, after the checkpoint of the batch before
             trained.append(batch)
-            _report(rank, epoch, trained, loader, config["kind"])
+            # The epoch the loader's state continues in: after an epoch's last batch, a
+            # loaded state starts the next epoch (as torchdata's StatefulDataLoader does).
+            _report(rank, epoch + (step + 1 == len(loader)), trained, loader, config["kind"])
+    if facts["on_ray"]:
+        facts["nodes"] = sorted(iterated.stats().per_node)
     torch.save(trained, os.path.join(config["out"], f"{config['kind']}-rank{rank}.pt"))
     with open(os.path.join(config["out"], f"{config['kind']}-rank{rank}.json"), "w") as f:
         json.dump(facts, f)
@@ -68,7 +74,7 @@ def _prepared(kind: str):
 
 def _report(rank: int, epoch: int, trained: list, loader, kind: str) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        if kind == "dpex":  # the next epoch's number once this one is through
+        if kind == "dpex":
             state = {"epoch": epoch, "trained": trained, "loader": loader.state_dict()}
             torch.save(state, os.path.join(folder, f"rank{rank}.pt"))
             ray.train.report({"batches": len(trained)},

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 
 import pytest
@@ -28,10 +27,7 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import SRC_DIR, TESTS_DIR, Job, user_env  # noqa: E402
-from helpers import assert_batches_equal, wait_until  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(TESTS_DIR), "benchmarks"))
-import ending  # noqa: E402
+from helpers import assert_batches_equal, leftovers  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -65,30 +61,11 @@ def runs(tmp_path_factory) -> dict[str, dict]:
             assert returncode == 0, f"{name} failed:\n{stdout[-3000:]}\n{stderr[-4000:]}"
             facts = json.loads((out / "facts.json").read_text())
             results[name] = {"facts": facts, "batches": torch.load(out / "batches.pt"),
-                             "stderr": stderr, "left": leftovers(facts)}
+                             "stderr": stderr, "left": leftovers(facts["sid"], {facts["session"]} - {None})}
     finally:
         for _, job in started.values():
             job.stop()
     return results
-
-
-def leftovers(facts: dict) -> list[str]:
-    """What is still alive of an exited run, up to 10 s after: any process of its session,
-    or naming its Ray session (if it joined one). Killed (by pid) before returning."""
-    sessions = {facts["session"]} if facts["session"] else set()
-
-    def alive() -> list[str]:
-        return ending.run_processes(facts["sid"], sessions)
-
-    if wait_until(lambda: not alive(), timeout=ending.LEFT_AFTER_S, interval=0.25):
-        return []
-    left = alive()
-    for entry in left:
-        try:
-            os.kill(int(entry.split()[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return left
 
 
 def test_plain_python_iterates_torchs_loader(runs):

@@ -70,6 +70,44 @@ def test_the_undo_gives_torchs_names_back_and_isinstance_holds_meanwhile():
     assert torch.utils.data.DataLoader is TorchDataLoader
 
 
+def user_hook(runtime_env):
+    """A runtime-env hook a user had set before dpex (RAY_RUNTIME_ENV_HOOK)."""
+    return {**(runtime_env or {}), "env_vars": {"USERS_HOOK_RAN": "1"}}
+
+
+def test_while_patched_the_scripts_ray_jobs_patch_their_workers(monkeypatch):
+    """Ray's runtime-env hook gives each ray.init of the script (never dpex's own) a
+    worker setup hook carrying the patch's options; a user's hook still runs first, and the
+    undo gives the variable back."""
+    from dpex import cluster
+
+    monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", "test_zero_code.user_hook")
+    options = dpex.WorkerOptions(num_cpus=0.5)
+    with dpex.patch(worker_options=options):
+        hook = os.environ["RAY_RUNTIME_ENV_HOOK"]
+        assert hook == "dpex.zero_code.ray_runtime_env_hook"
+        env = zero_code.ray_runtime_env_hook({"pip": []})
+        assert env["pip"] == [] and env["env_vars"]["USERS_HOOK_RAN"] == "1"
+        assert env["worker_process_setup_hook"] == "dpex.zero_code._patch_ray_worker"
+        token = cluster._joining.set(True)  # dpex's own ray.init: its actors stay default
+        try:
+            assert "worker_process_setup_hook" not in zero_code.ray_runtime_env_hook(None)
+        finally:
+            cluster._joining.reset(token)
+        mine = zero_code.ray_runtime_env_hook({"worker_process_setup_hook": "mine.setup"})
+        assert mine["worker_process_setup_hook"] == "mine.setup"  # the user's is kept
+    assert os.environ["RAY_RUNTIME_ENV_HOOK"] == "test_zero_code.user_hook"
+    # What a worker of such a job does first: patch itself with the script's options.
+    monkeypatch.setenv(zero_code._PATCH_OPTIONS, env["env_vars"][zero_code._PATCH_OPTIONS])
+    zero_code._patch_ray_worker()
+    try:
+        assert torch.utils.data.DataLoader is zero_code.ZeroCodeDataLoader
+        assert zero_code._active[-1].worker_options == options
+    finally:
+        zero_code._active[-1].undo()
+    assert torch.utils.data.DataLoader is TorchDataLoader
+
+
 # ----------------------------------------------------------------------------- on Ray
 
 

@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import warnings
+from contextvars import ContextVar
 from urllib.parse import urlparse
 
 import ray
@@ -117,6 +118,9 @@ def _join_head(address: str) -> None:
     _embedded_started = True
 
 
+_joining: ContextVar[bool] = ContextVar("dpex_joining", default=False)
+
+
 def owns_ray_session() -> bool:
     """True when dpex started the Ray session of this process (and will stop it at exit)."""
     return _embedded_started and ray.is_initialized()
@@ -134,8 +138,17 @@ def join(address: str, **init_kwargs) -> None:
     _check_reachable(address)
     if not address.startswith("ray://"):  # a Ray Client server has no GCS to ask
         _check_joinable(address)
-    with compat.signal_handlers_kept():
-        ray.init(address=address, logging_level=logging.WARNING, **init_kwargs)
+    token = _joining.set(True)
+    try:
+        with compat.signal_handlers_kept():
+            ray.init(address=address, logging_level=logging.WARNING, **init_kwargs)
+    finally:
+        _joining.reset(token)
+
+
+def joining() -> bool:
+    """True inside dpex's own ``ray.init`` (``join``): zero-code mode leaves it alone."""
+    return _joining.get()
 
 
 def _join_or_start_embedded() -> None:

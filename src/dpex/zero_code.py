@@ -25,23 +25,37 @@ Where options come from
   and ``DPEX_WORKER_OPTIONS``, a JSON object of ``WorkerOptions`` fields, with
   ``"autoscale"`` an object of ``Autoscale`` fields.
 
+The script's Ray workers
+  Code the script runs in Ray's worker processes (Ray Train's ``train_loop_per_worker``,
+  its tasks and actors) builds its loaders there. While patched, every ``ray.init`` of the
+  script (not dpex's own) gives its job a ``worker_process_setup_hook`` that patches each
+  worker process, with the same options, before it runs anything (Ray's
+  ``RAY_RUNTIME_ENV_HOOK``; a hook the user set there runs first, and a setup hook of the
+  user's own is kept instead). So Ray Train's own ``prepare_data_loader`` rebuilds a dpex
+  loader, and a ``TorchTrainer`` script runs unmodified under ``dpex run``.
+
 What it cannot reach
   A module that ran ``from torch.utils.data import DataLoader`` before the patch holds
   torch's class: patch first (``dpex run`` patches before the script's first line). A
   process a framework starts by running the script again (Lightning's DDP launcher,
   ``accelerate launch``) runs it unpatched: launch each rank through ``python -m dpex
-  run`` (``torchrun -m dpex run train.py`` for torchrun).
+  run`` (``torchrun -m dpex run train.py`` for torchrun). A ``ray.init`` before the patch,
+  or under ``uv run`` (Ray replaces the runtime-env hook with its own there), leaves the
+  job's workers unpatched.
 """
 
 from __future__ import annotations
 
+import base64
+import importlib
 import inspect
 import json
 import os
+import pickle
 import runpy
 import sys
 import threading
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 import torch.utils.data.dataloader
@@ -52,6 +66,7 @@ from dpex.scaling import Autoscale
 
 __all__ = ["Patch", "ZeroCodeDataLoader", "options_from_env", "patch", "run_script"]
 
+_T_co = TypeVar("_T_co", covariant=True)
 _NUM_WORKERS_AT = 5  # num_workers' position in torch's DataLoader(dataset, batch_size, ...)
 _lock = threading.Lock()
 _active: list[Patch] = []  # the patches in force, innermost last
@@ -71,8 +86,12 @@ class _TorchsName(type):
         return super().__subclasscheck__(sub)
 
 
-class ZeroCodeDataLoader(DataLoader, metaclass=_TorchsName):
-    """What ``torch.utils.data.DataLoader`` builds while patched (see the NOTE)."""
+class ZeroCodeDataLoader(DataLoader, Generic[_T_co], metaclass=_TorchsName):
+    """What ``torch.utils.data.DataLoader`` builds while patched (see the NOTE).
+
+    Generic as torch's class is: ``DataLoader[T]`` in an annotation, or as the base of a
+    framework's class, keeps working (and such a class is a dpex loader).
+    """
 
     def __new__(cls, *args: Any, **kwargs: Any):
         if cls is ZeroCodeDataLoader and not _num_workers(args, kwargs):
@@ -116,6 +135,8 @@ class Patch:
                                torch.utils.data.dataloader.DataLoader)
                 torch.utils.data.DataLoader = ZeroCodeDataLoader
                 torch.utils.data.dataloader.DataLoader = ZeroCodeDataLoader
+                if not _active:
+                    _reach_ray_workers()
                 _active.append(self)
 
     def undo(self) -> None:
@@ -126,6 +147,8 @@ class Patch:
             torch.utils.data.DataLoader, torch.utils.data.dataloader.DataLoader = self._saved
             self._saved = None
             _active.remove(self)
+            if not _active:
+                _leave_ray_workers()
 
     def __enter__(self) -> Patch:
         return self
@@ -182,3 +205,56 @@ def run_script(target: str, argv: list[str], module: bool = False,
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
+
+
+# ---------------------------------------------------------------- the script's Ray workers
+# Ray reads RAY_RUNTIME_ENV_HOOK at each ray.init: a function that may change the job's
+# runtime_env. While patched, dpex's adds a worker_process_setup_hook that patches each of
+# the job's worker processes before it runs anything, so the loaders that Ray Train's
+# train_loop_per_worker (or any task of the script) builds are dpex's too. A hook the user
+# had set still runs first; dpex's own ray.init (cluster.join) is left alone, so dpex's
+# actors keep Ray's default runtime_env (and its prestarted workers).
+_RUNTIME_ENV_HOOK = "RAY_RUNTIME_ENV_HOOK"
+_PATCH_OPTIONS = "DPEX_ZERO_CODE_PATCH"  # the patch's options, for the job's workers
+_users_hook: list[str | None] = []  # what the variable held before the first patch
+
+
+def _reach_ray_workers() -> None:
+    _users_hook[:] = [os.environ.get(_RUNTIME_ENV_HOOK)]
+    os.environ[_RUNTIME_ENV_HOOK] = f"{__name__}.{ray_runtime_env_hook.__name__}"
+
+
+def _leave_ray_workers() -> None:
+    users = _users_hook[0] if _users_hook else None
+    if users is None:
+        os.environ.pop(_RUNTIME_ENV_HOOK, None)
+    else:
+        os.environ[_RUNTIME_ENV_HOOK] = users
+
+
+def ray_runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Ray's runtime-env hook while patched: the job's workers are patched too."""
+    from dpex import cluster
+
+    users = _users_hook[0] if _users_hook else None
+    if users:  # "module.function", as Ray reads it
+        module, _, name = users.rpartition(".")
+        runtime_env = getattr(importlib.import_module(module), name)(runtime_env)
+    if not _active or cluster.joining():
+        return runtime_env
+    runtime_env = dict(runtime_env or {})
+    if "worker_process_setup_hook" in runtime_env:  # the user's own: theirs to keep
+        return runtime_env
+    patch_in_force = _active[-1]
+    options = pickle.dumps((patch_in_force.head_address, patch_in_force.worker_options))
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}),
+                               _PATCH_OPTIONS: base64.b64encode(options).decode()}
+    runtime_env["worker_process_setup_hook"] = f"{__name__}.{_patch_ray_worker.__name__}"
+    return runtime_env
+
+
+def _patch_ray_worker() -> None:
+    """A Ray worker process of a patched script's job: patched for its whole life, with
+    the script's patch options."""
+    head_address, worker_options = pickle.loads(base64.b64decode(os.environ[_PATCH_OPTIONS]))
+    Patch(head_address, worker_options)
