@@ -134,3 +134,20 @@ def pytest_collection_modifyitems(items):
         return REPLACE_THE_SESSION.index(name) + 1 if name in REPLACE_THE_SESSION else 0
 
     items.sort(key=rank)  # stable: the order within each module is kept
+
+
+@pytest.fixture(scope="module")
+def patched(ray_local):
+    """Zero-code mode for the whole module (tests/test_torch_properties*.py); undone even
+    when a test fails."""
+    import torch.utils.data
+
+    import dpex
+    from dpex import zero_code
+    from dpex.dataloader import TorchDataLoader
+
+    patch = dpex.patch()
+    assert torch.utils.data.DataLoader is zero_code.ZeroCodeDataLoader
+    yield patch
+    patch.undo()
+    assert torch.utils.data.DataLoader is TorchDataLoader

@@ -127,7 +127,10 @@ def assert_batches_equal(expected, actual, case: str = "") -> None:
 
 def _assert_same(a, b, where: str) -> None:
     assert type(a) is type(b), f"{where}: {type(a)} != {type(b)}"
-    if isinstance(a, torch.Tensor):
+    if isinstance(a, torch.Tensor) and a.is_nested:  # torch.equal has no nested kernel
+        assert b.is_nested, f"{where}: {a} != {b}"
+        _assert_same(list(a.unbind()), list(b.unbind()), where)
+    elif isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and torch.equal(a, b), f"{where}: {a} != {b}"
     elif isinstance(a, dict):
         assert a.keys() == b.keys(), where

@@ -98,6 +98,9 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._sampler_len = self._read_ahead_length(self._index_sampler, self._is_iterable)
         self._num_workers = loader.num_workers
         self._prefetch_factor = loader.prefetch_factor
+        if self._prefetch_factor <= 0:  # torch's check, in torch's multiprocessing iterator
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         self._in_order = loader.in_order
         self._timeout = loader.timeout
         self._persistent_workers = loader.persistent_workers

@@ -56,6 +56,7 @@ def _tensor_to_wire(value: Any) -> Any:
         and not value.requires_grad
         and not value.is_conj()
         and not value.is_neg()
+        and not value.is_nested  # its storage is no flat view: pickled as torch pickles it
     ):
         flat = value.contiguous().view(-1).view(torch.uint8)
         return _WireTensor(flat.numpy(), value.dtype, tuple(value.shape))
@@ -87,12 +88,26 @@ def map_structure(fn: Callable[[Any], Any], data: Any) -> Any:
         except TypeError:
             return mapped
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        if not _plain_namedtuple(type(data)):
+            # Its own __new__ checks its fields (PackedSequence reads batch_sizes.device),
+            # on unpickling too: it travels whole, pickled as torch pickles it.
+            return fn(data)
         return type(data)(*(map_structure(fn, v) for v in data))
-    if isinstance(data, tuple):
-        return tuple(map_structure(fn, v) for v in data)
-    if isinstance(data, list):
-        return [map_structure(fn, v) for v in data]
+    if isinstance(data, (tuple, list)):
+        mapped = [map_structure(fn, v) for v in data]
+        try:  # its own type: a subtype too (default_collate keeps one it can build so)
+            return type(data)(mapped)
+        except TypeError:
+            return mapped if isinstance(data, list) else tuple(mapped)
     return fn(data)
+
+
+def _plain_namedtuple(cls: type) -> bool:
+    """The ``__new__`` a namedtuple class builds with is the one ``namedtuple()`` made."""
+    for klass in cls.__mro__:
+        if "__new__" in vars(klass):
+            return "_fields" in vars(klass)
+    return False
 
 
 def pin_memory_enabled(pin_memory: bool, pin_memory_device: str) -> bool:
