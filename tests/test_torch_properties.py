@@ -71,13 +71,12 @@ Covered (torch's test, or test class, in brackets)
 
 Known incompatibilities, each an ``xfail(strict=True)`` naming its cause, kept so that the
 property stays tested and the mark must go when it is fixed
-  * a worker_init_fn bound to the dataset sets a copy the worker does not read (the dataset
-    and the config travel in separate pickles, remote_iter._setup_ray);
   * an IterDataPipe is neither seeded nor sharded by worker as torch's iterator does;
   * in_order=False: the worker stuck on a slow sample is given more tasks than
     prefetch_factor (dispatch._try_put_index).
-(Found here and fixed: a list subtype from default_collate, a PackedSequence or nested
-tensors from a collate_fn, and prefetch_factor=0 with workers, now as torch's.)
+(Found here and fixed: a worker_init_fn bound to the dataset (worker.DatasetMethod), a
+list subtype from default_collate, a PackedSequence or nested tensors from a collate_fn,
+and prefetch_factor=0 with workers, now as torch's.)
 
 Differs by design (pinned as dpex's documented behaviour)
   * test_excessive_thread_creation_warning: torch warns when num_workers exceeds this
@@ -141,9 +140,6 @@ pytestmark = pytest.mark.usefixtures("ray_local", "patched")
 
 # ----------------------------------------------------------------------------- batches
 
-XFAIL_BOUND_INIT = pytest.mark.xfail(strict=True, reason=(
-    "the dataset and the worker_init_fn travel to a dpex worker in separate pickles "
-    "(remote_iter._setup_ray): a worker_init_fn bound to the dataset sets another copy"))
 XFAIL_DATAPIPE = pytest.mark.xfail(strict=True, reason=(
     "dpex's iterator skips torch's IterDataPipe set-up (a shared seed drawn from the "
     "generator before the base seed and applied to the graph; sharding_filter applied per "
@@ -224,8 +220,8 @@ CASES = {
         W, batch_size=3, shuffle=True, generator=21), 2, None),
     "batch_i_from_worker_i_mod_n": (lambda: WhichWorker(24), dict(W, batch_size=4, timeout=5),
                                     1, round_robin(4)),
-    "worker_init_fn_bound_to_dataset": pytest.param(
-        (lambda: SetByInit(16), "bound_init", 1, round_robin(4)), marks=XFAIL_BOUND_INIT),
+    "worker_init_fn_bound_to_dataset": (lambda: SetByInit(16), "bound_init", 1,
+                                        round_robin(4)),
     "persistent_workers_keep_their_copy": (lambda: KeepsItsCopy(6), "keeps_copy", 3, None),
     # IterableDataset
     "iterable_sharded_unbatched": (lambda: PerWorkerSizes([0, 11]), dict(

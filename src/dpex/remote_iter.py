@@ -82,7 +82,7 @@ from dpex.receive import Receive
 from dpex.resume import EpochRecord, PendingResume, skipping
 from dpex.seeding import draw_base_seed
 from dpex.shared_ray import connect
-from dpex.worker import ERROR, TaskResult, WorkerConfig
+from dpex.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
 
 if TYPE_CHECKING:
     from dpex.dataloader import DataLoader
@@ -134,7 +134,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             auto_collation=self._auto_collation,
             collate_fn=loader.collate_fn,
             drop_last=loader.drop_last,
-            worker_init_fn=loader.worker_init_fn,
+            worker_init_fn=DatasetMethod.of(loader.worker_init_fn, loader.dataset),
         )
         self._dataset_ref = self._config = self._picker = None
         # A cold process begins on local processes while Ray starts (local_start.py).

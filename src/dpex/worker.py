@@ -46,7 +46,27 @@ class WorkerConfig:
     auto_collation: bool
     collate_fn: Callable
     drop_last: bool
-    worker_init_fn: Callable[[int], None] | None
+    worker_init_fn: Callable[[int], None] | DatasetMethod | None
+
+
+@dataclass(frozen=True)
+class DatasetMethod:
+    """A ``worker_init_fn`` that is a method of the loader's own dataset.
+
+    torch's worker gets the dataset and the function in one pickle (or one fork), so the
+    method runs on that worker's replica. dpex ships the dataset (once, to the object store)
+    apart from the config: the config names the method, and each worker calls it on its
+    own replica, as torch's does.
+    """
+
+    name: str
+
+    @classmethod
+    def of(cls, fn: Callable[[int], None] | None, dataset: Any) -> Any:
+        """``fn``, or its name when it is a method bound to ``dataset``."""
+        if getattr(fn, "__self__", None) is dataset and hasattr(fn, "__func__"):
+            return cls(fn.__func__.__name__)
+        return fn
 
 
 @dataclass
@@ -160,7 +180,9 @@ class Worker:
         self._replicas[worker_id] = self._current = replica
         set_worker_info(worker_id, config.num_workers, seed, dataset)
         try:
-            if config.worker_init_fn is not None:
+            if isinstance(config.worker_init_fn, DatasetMethod):
+                getattr(dataset, config.worker_init_fn.name)(worker_id)
+            elif config.worker_init_fn is not None:
                 config.worker_init_fn(worker_id)
             restore_position(dataset, resume)
             self._new_fetcher(replica)  # after the restore: an iterable replica starts there
