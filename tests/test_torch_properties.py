@@ -72,11 +72,10 @@ Covered (torch's test, or test class, in brackets)
 Known incompatibilities, each an ``xfail(strict=True)`` naming its cause, kept so that the
 property stays tested and the mark must go when it is fixed
   * an IterDataPipe is neither seeded nor sharded by worker as torch's iterator does;
-  * in_order=False: the worker stuck on a slow sample is given more tasks than
-    prefetch_factor (dispatch._try_put_index).
 (Found here and fixed: a worker_init_fn bound to the dataset (worker.DatasetMethod), a
 list subtype from default_collate, a PackedSequence or nested tensors from a collate_fn,
-and prefetch_factor=0 with workers, now as torch's.)
+prefetch_factor=0 with workers, and in_order=False giving a worker stuck on a slow sample
+more tasks than torch's cap: now as torch's.)
 
 Differs by design (pinned as dpex's documented behaviour)
   * test_excessive_thread_creation_warning: torch warns when num_workers exceeds this

@@ -66,15 +66,8 @@ def test_two_loaders_iterated_interleaved():
     assert len(list(first)) == 20 - 3 and len(list(second)) == 10 - 3
 
 
-XFAIL_OUT_OF_ORDER = pytest.mark.xfail(strict=True, reason=(
-    "with in_order=False dpex keeps assigning tasks to a worker stuck on a slow sample: its "
-    "per-worker bound (dispatch._try_put_index: prefetch_factor * the sum of the call sizes, "
-    "which ramp up to 8 per call) grows while the other worker answers, so 4, 6 and 8 wait "
-    "behind the slow 0 too; torch's bound stays prefetch_factor tasks per worker"))
-
-
 @pytest.mark.skipif(not compat.dataloader_has_in_order(), reason="torch < 2.6 has no in_order")
-@pytest.mark.parametrize("in_order", [True, pytest.param(False, marks=XFAIL_OUT_OF_ORDER)])
+@pytest.mark.parametrize("in_order", [True, False])
 def test_a_slow_sample_holds_back_only_what_in_order_asks(in_order):
     """Sample 0 takes 1 s. In order, it keeps its place. Out of order, the worker stuck on it
     holds back only the prefetch_factor (2) tasks it had before: 0 and 2 come last, every

@@ -32,6 +32,10 @@ What changes, and what does not
     ahead changes nothing for torch's samplers (each draws from its own generator, or from
     the global one when its iterator starts). A sampler without ``len()`` (other than an
     IterableDataset's) is never read ahead of torch.
+  * ``in_order=False``: a worker is assigned no more than torch's cap of outstanding
+    tasks (``prefetch_factor * num_workers`` over the active workers), as torch's
+    iterator does, so a worker stuck on a slow sample holds back what torch's would and
+    the others take the rest in torch's order; its calls carry at most that many tasks.
   * Breaking out of an epoch with persistent workers: torch's workers run the tasks torch
     had dispatched, ``prefetch_factor * num_workers`` past the last handed-out batch (plus
     one per exhausted replica), and start the next epoch from there. dpex counts that
@@ -102,18 +106,23 @@ class Dispatch:
             return False
         if self._send_idx >= self._torch_dispatched and self._send_idx >= self._sampler_len:
             return False  # past its length, or without one: not before torch (the NOTE)
+        # The worker first, then the index: a worker that cannot take one (in_order=False)
+        # leaves the sampler unread, where torch's would draw an index and drop it.
+        num_active = sum(s.active for s in self._slots)
+        torch_cap = self._prefetch_factor * self._num_workers
+        for _ in range(self._num_workers):
+            slot = self._slots[next(self._worker_cycle)]
+            # in_order=False: torch's own cap, prefetch_factor * N // active tasks a worker,
+            # so one stuck on a slow sample holds back no more than torch's (the NOTE).
+            if slot.active and (self._in_order or slot.num_tasks < torch_cap // num_active):
+                break
+        else:
+            return False
         try:
             index = next(self._sampler_iter)
         except StopIteration:
-            for slot in self._slots:  # the last tasks: no call will fill up any more
-                self._submit_pending(slot)
-            return False
-        num_active = sum(s.active for s in self._slots)
-        for _ in range(self._num_workers):
-            slot = self._slots[next(self._worker_cycle)]
-            if slot.active and (self._in_order or slot.num_tasks < max_tasks // num_active):
-                break
-        else:
+            for other in self._slots:  # the last tasks: no call will fill up any more
+                self._submit_pending(other)
             return False
         task_id = self._send_idx
         self._send_idx += 1
