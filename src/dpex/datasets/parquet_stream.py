@@ -59,8 +59,11 @@ class ParquetIterableDataset(IterableDataset):
         batch_rows: rows per record batch read from storage: the memory bound.
 
     Raises:
-        FileNotFoundError / ConnectionError / KeyError / ValueError: as ``ParquetDataset``;
-        ValueError also for an invalid rank or ``batch_rows``.
+        FileNotFoundError: nothing exists at ``source`` (as ``ParquetDataset``).
+        ConnectionError: the storage endpoint cannot be reached (as ``ParquetDataset``).
+        KeyError: a column in ``columns`` does not exist (as ``ParquetDataset``).
+        ValueError: no Parquet files under ``source`` (as ``ParquetDataset``), an invalid
+            rank, or an invalid ``batch_rows``.
 
     Example:
         >>> ds = ParquetIterableDataset("s3://bucket/train", columns=["text"], shuffle=True,
