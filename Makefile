@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dpex-installed
+DOCS_STAMP := $(VENV)/.dpex-docs-installed
 
-.PHONY: install demo test test-versions bench clean
+.PHONY: install demo test test-versions bench docs docs-build clean
 
 install: $(STAMP)
 
@@ -36,6 +37,20 @@ test-versions:
 
 bench: install
 	$(VENV)/bin/dpex bench
+
+# The documentation site (mkdocs.yml; the pages are docs/*.md). The docs extra goes into the
+# same .venv, after the install above (so its torch stays the CPU one). `docs` serves the site
+# at http://127.0.0.1:8000 and rebuilds it on every edit; `docs-build` builds it into site/
+# with --strict, which fails on a broken link, anchor or API reference (.ci/run runs it).
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs serve
+
+docs-build: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .venv-versions build dist src/*.egg-info .pytest_cache
