@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import urllib.request
 import uuid
+import warnings
 
 import pytest
 
@@ -21,6 +22,22 @@ class Thing:
 def test_default_names_are_the_dataset_class_then_numbered():
     first, second = default_name(Thing()), default_name(Thing())
     assert (first, second) == ("Thing", "Thing-2")
+
+
+def test_a_ray_that_refuses_the_metrics_costs_one_warning_and_never_the_loop(monkeypatch):
+    from dpex import ray_metrics
+    from dpex.stats import LoaderStats
+
+    def refuse():
+        raise ValueError("no such metric here")
+
+    monkeypatch.setattr(ray_metrics, "_instruments", refuse)
+    metrics = ray_metrics.LoaderMetrics()
+    with pytest.warns(UserWarning, match="publishing the loader's metrics to Ray failed"):
+        metrics.publish("train", LoaderStats())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metrics.publish("train", LoaderStats())  # off: silent
 
 
 def scrape() -> str:

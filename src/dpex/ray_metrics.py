@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections import Counter as Tally
 from typing import Any
 
@@ -92,6 +93,7 @@ class LoaderMetrics:
         self._sent_batches: Tally = Tally()
         self._batches_at_last = 0
         self._stall_at_last = 0.0
+        self._off = False
 
     def tick(self, name: str, stats: LoaderStats) -> None:
         """After a batch: publish if the last publication is ``PUBLISH_EVERY_S`` old."""
@@ -99,7 +101,18 @@ class LoaderMetrics:
             self.publish(name, stats)
 
     def publish(self, name: str, stats: LoaderStats) -> None:
-        """Publish now (the end of an epoch), tagged ``loader=name``."""
+        """Publish now (the end of an epoch), tagged ``loader=name``. Never fails the
+        loop: a Ray that refuses a metric gets one warning, and no more publications."""
+        if self._off:
+            return
+        try:
+            self._publish(name, stats)
+        except Exception as exc:  # noqa: BLE001 -- metrics must not stop training
+            self._off = True
+            warnings.warn(f"dpex: publishing the loader's metrics to Ray failed ({exc!r}); "
+                          "loader.stats() still has them", stacklevel=2)
+
+    def _publish(self, name: str, stats: LoaderStats) -> None:
         now = time.perf_counter()
         interval, self._at = now - self._at, now
         metrics = _instruments()

@@ -110,4 +110,6 @@ def dpex_like(base: Any, original: Any, **keep: Any) -> Any:
     else:
         kwargs.update(batch_sampler=base.batch_sampler)
     kwargs.update(keep)
-    return DataLoader(base.dataset, **kwargs)
+    loader = DataLoader(base.dataset, **kwargs)
+    loader.name = original.name  # its metrics stay under the user's loader's name
+    return loader
