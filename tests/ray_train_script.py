@@ -22,7 +22,9 @@ from ray_train_loop import train_loop
 
 
 def main(out: str, kind: str, die_at: tuple[int, int] | None) -> None:
-    ray.init(address="local")  # its own Ray: never a cluster another test recorded
+    # Its own Ray (never a cluster another test recorded), with room for the two training
+    # workers and, on Ray Train before its v2, the trainer's own CPU (3 on a 2-core machine).
+    ray.init(address="local", num_cpus=4)
     TorchTrainer(
         train_loop,
         train_loop_config={"kind": kind, "out": out, "die_at": die_at},
