@@ -77,3 +77,28 @@ def test_lightning_with_its_own_signal_handlers_ends_clean(end):
 @pytest.mark.parametrize("end", ["exit", "sigkill"])
 def test_accelerate_ends_clean(end):
     assert_ends_as_torch(*run_beside_torch(end, framework="accelerate"))
+
+
+def test_what_still_names_the_nodes_session_is_killed_and_nothing_else(tmp_path):
+    """The helper's last pass (process_ends.kill_naming): an agent the raylet spawned after
+    the helper looked at its tree is below no one once the raylet is gone, but its command
+    line names the node's session directory. A longer name that begins the same is not it."""
+    import subprocess
+
+    from dpex import process_ends
+
+    session_dir = str(tmp_path / "session_2026-11-26_16-00-00_000000_1")
+
+    def sleeper(argument: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", argument])
+
+    agent, logger = sleeper(f"--session-dir={session_dir}"), sleeper(f"--logs={session_dir}/logs")
+    other = sleeper(f"--session-dir={session_dir}2")  # another node's session
+    try:
+        process_ends.kill_naming(session_dir)
+        assert agent.wait(timeout=10) == -9 and logger.wait(timeout=10) == -9
+        assert other.poll() is None
+    finally:
+        for process in (agent, logger, other):
+            process.kill()
+            process.wait()

@@ -26,14 +26,17 @@ def main() -> None:
     trainer_pid = os.getppid()
     process_ends, compat = _load("process_ends"), _load("compat")
     stopping = threading.Lock()
+    session: list[str] = []  # the node's session directory, once it has one
 
     def stop_ray() -> None:  # the trainer closed stdin: a graceful stop
         with stopping:
-            process_ends.shutdown_ray(compat.started_node_pids())
+            process_ends.shutdown_ray(compat.started_node_pids(), *session)
 
     def trainer_gone() -> None:  # however far the head got: end all of it now
         if stopping.acquire(blocking=False):  # else the graceful stop runs: let it end
             process_ends.kill_descendants()
+            for session_dir in session:
+                process_ends.kill_naming(session_dir)
         else:
             stopping.acquire()
 
@@ -41,6 +44,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     process_ends.watch_parent(trainer_pid, on_orphaned=trainer_gone)
     context = compat.start_embedded_ray(int(sys.argv[1]))
+    session.extend(filter(None, [context.address_info.get("session_dir")]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)
     while os.read(sys.stdin.fileno(), 4096):  # until the trainer closes it, or dies

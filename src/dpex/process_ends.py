@@ -27,6 +27,8 @@ What ends each, as torch's own workers end
     * The helper: its stdin closes (the trainer closes it at exit): it shuts Ray down and
       SIGKILLs what is left of the node's processes (``shutdown_ray``). Or its watchdog
       finds the trainer gone: it SIGKILLs its whole process tree (``kill_descendants``).
+      Either way it then SIGKILLs any process still naming the node's session directory
+      (``kill_naming``): an agent the raylet spawned late is below no one once it is gone.
 
 In each way the trainer can end
   * Normal exit, an exception, ``break``, Ctrl-C: ``atexit`` runs. Iterators release their
@@ -103,15 +105,35 @@ def watch_parent(parent_pid: int, on_orphaned=None) -> threading.Thread:
     return thread
 
 
-def shutdown_ray(node_pids: list[int]) -> None:
+def shutdown_ray(node_pids: list[int], session_dir: str | None = None) -> None:
     """``ray.shutdown()``, then SIGKILL what is left below ``node_pids``, the Ray node this
-    process started (``compat.started_node_pids``). Ray stops its GCS and raylet, but
-    agents still starting (10 s and more on 2 busy cores) outlived their raylet."""
+    process started (``compat.started_node_pids``), and of the processes naming its
+    ``session_dir``. Ray stops its GCS and raylet, but agents still starting (10 s and more
+    on 2 busy cores) outlived their raylet; one the raylet spawned after the first look is
+    no longer below anything once the raylet is gone, but names the session."""
     import ray
 
     started = descendants(node_pids)
     ray.shutdown()
     kill_survivors(started)
+    if session_dir:
+        kill_naming(session_dir)
+
+
+def kill_naming(marker: str, rounds: int = 2) -> None:
+    """SIGKILL every other process whose command line contains ``marker`` (a Ray session
+    directory: one node's own), in ``rounds`` passes."""
+    for _ in range(rounds):
+        for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if _names(f.read(), marker.encode()):
+                        os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
+        time.sleep(0.1)
 
 
 def kill_descendants(rounds: int = 2) -> None:
@@ -120,6 +142,18 @@ def kill_descendants(rounds: int = 2) -> None:
     for _ in range(rounds):
         kill_survivors([p for p in descendants([os.getpid()]) if p[0] != os.getpid()])
         time.sleep(0.1)
+
+
+def _names(cmdline: bytes, marker: bytes) -> bool:
+    """``marker`` appears in ``cmdline`` (NUL-separated) as a whole path: followed by the
+    end of an argument or a ``/``, never as the prefix of a longer name."""
+    at = cmdline.find(marker)
+    while at >= 0:
+        after = cmdline[at + len(marker):at + len(marker) + 1]
+        if after in (b"", b"\0", b"/"):
+            return True
+        at = cmdline.find(marker, at + 1)
+    return False
 
 
 def descendants(pids: list[int]) -> list[tuple[int, str]]:
