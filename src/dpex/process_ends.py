@@ -136,12 +136,28 @@ def kill_naming(marker: str, rounds: int = 2) -> None:
         time.sleep(0.1)
 
 
-def kill_descendants(rounds: int = 2) -> None:
-    """SIGKILL every process below this one, in ``rounds`` passes (a child may be forking
-    while the first pass reads /proc)."""
-    for _ in range(rounds):
-        kill_survivors([p for p in descendants([os.getpid()]) if p[0] != os.getpid()])
-        time.sleep(0.1)
+def kill_descendants(settle_s: float = 0.3, limit_s: float = 5.0) -> None:
+    """SIGKILL every process below this one. First each is stopped (SIGSTOP: a stopped
+    process cannot start another), looking again until ``settle_s`` passes with none new
+    (a child may be forking while /proc is read; ``limit_s`` at most); then all are killed
+    at once. Killed one by one, a raylet could start an agent between the look and its own
+    death, and the agent, reparented, is below no one any more."""
+    me = os.getpid()
+    stopped: list[tuple[int, str]] = []
+    deadline = time.monotonic() + limit_s
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < settle_s:
+        new = [p for p in descendants([me]) if p[0] != me and p not in stopped]
+        for pid, _ in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        if new:
+            stopped += new
+            quiet_since = time.monotonic()
+        time.sleep(0.05)
+    kill_survivors(stopped + [p for p in descendants([me]) if p[0] != me])
 
 
 def _names(cmdline: bytes, marker: bytes) -> bool:
