@@ -84,8 +84,10 @@ def test_under_dpex_run_the_trainer_iterates_a_dpex_loader_on_ray(runs, name):
     assert facts["sampler"] == runs["torch"]["facts"]["sampler"]  # accelerate's, as torch's
     assert facts["num_workers"] == 2 and facts["persistent_workers"] is False  # the defaults
     assert facts["batches_served"] == STEPS and sum(facts["per_node"].values()) == STEPS
-    # No warning that accelerate swapped in torch's loader: its rebuild is dpex's here.
-    assert "dpex:" not in runs[name]["stderr"], runs[name]["stderr"][-3000:]
+    # No warning that accelerate swapped in torch's loader: its rebuild is dpex's here. (Only
+    # that one: a machine may hold another Ray's stale `ray start` record, which dpex rightly
+    # warns about before it starts its embedded Ray.)
+    assert "rebuilt this dpex loader" not in runs[name]["stderr"], runs[name]["stderr"][-3000:]
 
 
 def test_without_the_local_start_every_batch_comes_from_ray_actors(runs):
