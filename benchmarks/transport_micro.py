@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from dpex.cluster import ensure_ray
+    from dpex import ray_session
 
-    ensure_ray(None)
+    ray_session.connect(None)
 
     @ray.remote
     class Producer:

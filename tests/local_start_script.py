@@ -12,7 +12,7 @@ import time
 import torch
 
 import dpex
-from dpex import cluster
+from dpex.ray_session import embedded
 
 
 class Noisy(torch.utils.data.Dataset):
@@ -34,7 +34,7 @@ def batches(distribute_mode, fault=None):
     out = [next(it) for _ in range(5)]
     if distribute_mode:
         local_pids = [p.actor.process.pid for p in it._procs]
-        cluster._head.wait()
+        embedded._head.wait()
     for batch in it:
         out.append(batch)
         if distribute_mode and it._local_active:
@@ -59,7 +59,7 @@ def main():
         "batches": len(got), "moves": stats.moves, "restarts": stats.worker_restarts,
         "events": [e.reason for e in stats.scaling_events],
         "killed": bool(fault and fault["done"]), "local_pids": local_pids,
-        "helper_pid": cluster._head._proc.pid,
+        "helper_pid": embedded._head._proc.pid,
     }), flush=True)
 
 

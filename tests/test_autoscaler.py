@@ -1,7 +1,7 @@
 """Growing the cluster through Ray's real autoscaler (NOTE [ dpex Cluster Growth ]).
 
 A head from ``ray start --head --autoscaling-config`` with Ray's ``fake_multinode`` provider
-(dpex/bench/autoscaling_head.py): its autoscaler starts and ends real raylets on this
+(dpex/testing/autoscaling_head.py): its autoscaler starts and ends real raylets on this
 machine. The head has no CPU, so no worker can run there: every worker process needs a node
 the autoscaler adds. Node types: ``cpu`` (1 CPU, 0 to 2 nodes) and ``tagged`` (1 CPU and the
 custom resource ``preproc``, 0 to 1 node). The loaders join it by address, as a user's
@@ -21,7 +21,7 @@ import ray
 import torch
 
 import dpex
-from dpex.bench.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
+from dpex.testing.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
 from conftest import Job
 from helpers import REFERENCE_CONTEXT, SleepyAugmented, assert_batches_equal, wait_until
 from test_ddp import TESTS_DIR, hermetic_env
@@ -192,13 +192,13 @@ def test_a_script_that_grew_the_cluster_leaves_no_actor_and_no_ask(head, end):
     sys.path.insert(0, os.path.join(os.path.dirname(TESTS_DIR), "benchmarks"))
     import ending
 
-    from dpex import cluster
+    from dpex.ray_session.join import join
 
     result = ending.run(end, env=hermetic_env(), address=head.address, autoscale=True)
     assert result.exit_s < 20, result.output[-3000:]
     assert result.returncode == {"exit": 0, "sigkill": -9}[end], result.output[-3000:]
     assert result.left == []
     if not ray.is_initialized():
-        cluster.join(head.address)  # to read the cluster's actors and ask
+        join(head.address)  # to read the cluster's actors and ask
     assert wait_until(lambda: asked_bundles() == [] and not dpex_actors(), 45), \
         (asked_bundles(), dpex_actors())

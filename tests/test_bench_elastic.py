@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from conftest import user_env
-from dpex.bench import elastic_report, nodes
+from dpex.bench import elastic_report
+from dpex.testing import nodes
 from dpex.bench.elastic_records import ElasticRecord, Epoch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -22,7 +22,7 @@ import ray
 # Registered first, so it runs last at exit: is Ray still up after dpex's own exit hooks?
 atexit.register(lambda: print(json.dumps({"ray_up_at_exit": ray.is_initialized()}), flush=True))
 import torch, dpex
-from dpex import cluster
+from dpex import ray_session
 from helpers import RangeDataset
 def run(**kw):
     loader = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=2, distribute_mode=True, **kw)
@@ -57,15 +57,15 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
         opts = dpex.WorkerOptions(local_start={local_start})
         batches = run(worker_options=opts)
         second = run(worker_options=opts)  # a second loader shares the same session
-        cluster.ensure_ray(None)
+        ray_session.connect(None)
         node = ray.nodes()[0]
-        from dpex import compat_auth
-        helper = cluster._head._proc.pid if cluster._head is not None else None
+        from dpex.ray_session import auth, embedded
+        helper = embedded._head._proc.pid if embedded._head is not None else None
         print(json.dumps({{"batches": batches, "same": batches == second,
-                          "owns": cluster.owns_ray_session(),
+                          "owns": ray_session.owns_ray_session(),
                           "ip": node["NodeManagerAddress"],
                           "dashboard": ray._private.worker.get_dashboard_url(),
-                          "token_auth": compat_auth.token_auth_enabled(),
+                          "token_auth": auth.token_auth_enabled(),
                           "helper": helper}}))
     """, stderr=stderr)
     assert out[0]["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and out[0]["same"]
@@ -75,7 +75,7 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
     assert out[0]["token_auth"] and "Token authentication" not in stderr[0], stderr[0]
     assert out[1] == {"ray_up_at_exit": False}
     # In a helper process either way, which stops Ray's daemons after the trainer's exit
-    # and then exits (embedded_head.py).
+    # and then exits (ray_session/embedded.py).
     assert out[0]["helper"] is not None
     assert wait_until(lambda: not os.path.exists(f"/proc/{out[0]['helper']}"), 30)
 
@@ -91,7 +91,7 @@ def users_own_sessions() -> list[dict]:
         first = run()
         idle = POOL.idle_count()  # the two processes, warm
         import gc; gc.collect()
-        print(json.dumps({"batches": first, "owns": cluster.owns_ray_session(),
+        print(json.dumps({"batches": first, "owns": ray_session.owns_ray_session(),
                           "up": ray.is_initialized(),
                           "same_node": ray.get_runtime_context().get_node_id() == node_before}))
         ray.shutdown()  # they go with the session...
@@ -160,7 +160,7 @@ def test_explicit_address_joins_the_cluster_and_exit_releases_workers(running_cl
         loader = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=2, distribute_mode=True,
                                  persistent_workers=True, head_address={running_cluster.address!r})
         batches = [b.flatten().tolist() for b in loader]
-        print(json.dumps({{"batches": batches, "owns": cluster.owns_ray_session(),
+        print(json.dumps({{"batches": batches, "owns": ray_session.owns_ray_session(),
                           "nodes": len(ray.nodes()), "per_node": loader.stats().per_node}}))
         # exit without deleting the loader: dpex's exit hook must release the workers
     """)

@@ -12,13 +12,14 @@ import pytest
 import ray
 from conftest import user_env
 
-from dpex import compat, compat_auth
+from dpex import compat
+from dpex.ray_session import auth
 
 SCRIPT = """
 import json
-from dpex import compat_auth
-print(json.dumps({"token": compat_auth.find_token(), "current": compat_auth.current_token(),
-                  "source": compat_auth.token_source()}))
+from dpex.ray_session import auth
+print(json.dumps({"token": auth.find_token(), "current": auth.current_token(),
+                  "source": auth.token_source()}))
 """
 
 
@@ -35,7 +36,7 @@ def lookups(*cases: dict[str, str]) -> list[dict]:
     return found
 
 
-@pytest.mark.skipif(not compat_auth.has_token_auth(), reason="this Ray has no token authentication")
+@pytest.mark.skipif(not auth.has_token_auth(), reason="this Ray has no token authentication")
 def test_token_lookup_follows_rays_order(tmp_path):
     empty, home = tmp_path / "empty", tmp_path / "home"
     for directory in (empty, home):
@@ -105,9 +106,9 @@ def test_in_order_is_taken_exactly_where_torch_takes_it():
 
 
 def test_token_auth_is_absent_not_broken_on_a_ray_without_it():
-    if compat_auth.has_token_auth():
+    if auth.has_token_auth():
         pytest.skip(f"Ray {ray.__version__} has token authentication")
-    assert compat_auth.find_token() is None and compat_auth.current_token() is None
-    assert not compat_auth.token_auth_enabled()
+    assert auth.find_token() is None and auth.current_token() is None
+    assert not auth.token_auth_enabled()
     with pytest.raises(compat.RayInternalsError, match="token authentication"):
-        compat_auth.enable_token_auth("abc")
+        auth.enable_token_auth("abc")

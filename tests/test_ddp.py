@@ -128,6 +128,6 @@ def test_ray_client_address_is_refused_on_every_rank(one_rank_group, monkeypatch
 
 
 def test_cluster_info_never_shows_the_token():
-    from dpex.distributed import _ClusterInfo
+    from dpex.ray_session.ranks import ClusterInfo
 
-    assert "s3cret" not in repr(_ClusterInfo(address="127.0.0.1:6379", auth_token="s3cret"))
+    assert "s3cret" not in repr(ClusterInfo(address="127.0.0.1:6379", auth_token="s3cret"))

@@ -1,5 +1,5 @@
 """DDP with no Ray code: the ranks' loaders share rank 0's Ray through the process group's
-store (dpex.shared_ray), whatever the order and number of loaders per rank."""
+store (dpex.ray_session.rank_store), whatever the order and number of loaders per rank."""
 
 from __future__ import annotations
 
@@ -51,17 +51,17 @@ def store():
 
 
 def test_a_rank_waiting_for_rank0_times_out_with_advice(store, monkeypatch):
-    from dpex import shared_ray
+    from dpex.ray_session import rank_store
 
-    monkeypatch.setattr(shared_ray, "WAIT_FOR_RANK0_S", 0.5)
+    monkeypatch.setattr(rank_store, "WAIT_FOR_RANK0_S", 0.5)
     with pytest.raises(RuntimeError, match="waited 0 s for rank 0.*init_ray_for_ranks"):
-        shared_ray._join_rank0(store, rank=1)
-    assert store.add(shared_ray._KEY_JOINED, 0) == store.add(shared_ray._KEY_LEFT, 0) == 1
+        rank_store._join_rank0(store, rank=1)
+    assert store.add(rank_store._KEY_JOINED, 0) == store.add(rank_store._KEY_LEFT, 0) == 1
 
 
 def test_a_rank_joining_after_rank0_closed_is_told_why(store):
-    from dpex import shared_ray
+    from dpex.ray_session import rank_store
 
-    store.set(shared_ray._KEY_CLUSTER, json.dumps({"error": shared_ray._CLOSED}))
+    store.set(rank_store._KEY_CLUSTER, json.dumps({"error": rank_store._CLOSED}))
     with pytest.raises(RuntimeError, match="rank 0 has finished"):
-        shared_ray._join_rank0(store, rank=1)
+        rank_store._join_rank0(store, rank=1)

@@ -31,10 +31,10 @@ from conftest import free_port, user_env
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "benchmarks"))
 
-from dpex import compat_auth
+from dpex.ray_session import auth
 
 pytestmark = pytest.mark.cluster
-TOKEN_AUTH = compat_auth.has_token_auth()  # Rays before token authentication join without one
+TOKEN_AUTH = auth.has_token_auth()  # Rays before token authentication join without one
 needs_token_auth = pytest.mark.skipif(not TOKEN_AUTH, reason="this Ray has no token auth")
 
 BIN = os.path.dirname(sys.executable)

@@ -79,7 +79,7 @@ def test_while_patched_the_scripts_ray_jobs_patch_their_workers(monkeypatch):
     """Ray's runtime-env hook gives each ray.init of the script (never dpex's own) a
     worker setup hook carrying the patch's options; a user's hook still runs first, and the
     undo gives the variable back."""
-    from dpex import cluster
+    from dpex.ray_session import join
 
     monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", "test_zero_code.user_hook")
     options = dpex.WorkerOptions(num_cpus=0.5)
@@ -89,11 +89,11 @@ def test_while_patched_the_scripts_ray_jobs_patch_their_workers(monkeypatch):
         env = zero_code.ray_runtime_env_hook({"pip": []})
         assert env["pip"] == [] and env["env_vars"]["USERS_HOOK_RAN"] == "1"
         assert env["worker_process_setup_hook"] == "dpex.zero_code._patch_ray_worker"
-        token = cluster._joining.set(True)  # dpex's own ray.init: its actors stay default
+        token = join._joining.set(True)  # dpex's own ray.init: its actors stay default
         try:
             assert "worker_process_setup_hook" not in zero_code.ray_runtime_env_hook(None)
         finally:
-            cluster._joining.reset(token)
+            join._joining.reset(token)
         mine = zero_code.ray_runtime_env_hook({"worker_process_setup_hook": "mine.setup"})
         assert mine["worker_process_setup_hook"] == "mine.setup"  # the user's is kept
     assert os.environ["RAY_RUNTIME_ENV_HOOK"] == "test_zero_code.user_hook"

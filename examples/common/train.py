@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, Sampler, Subset
 from tqdm import tqdm
 
 import dpex
-import dpex.cluster
+import dpex.ray_session
 from common.augment import EvalTransform, TrainAugment
 from common.data import ImageClassification, ImageData
 from common.ranks import Ranks
@@ -110,7 +110,7 @@ def fit(
     if args.distribute_mode and args.workers > 0:
         # Connect now (the loader would on its first epoch) so that epoch 1's time is
         # training and starting the workers, not starting Ray. Under DDP, already done.
-        dpex.cluster.ensure_ray(args.head_address)
+        dpex.ray_session.connect(args.head_address)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     record = RunRecord(
         setup=setup, distribute_mode=args.distribute_mode, epochs=args.epochs, lr=args.lr,
@@ -195,7 +195,7 @@ def _ray_cluster() -> str:
     """Which Ray cluster the loader's workers ran on, for the summary."""
     import ray
 
-    from dpex.cluster import owns_ray_session
+    from dpex.ray_session import owns_ray_session
 
     if not ray.is_initialized():
         return ""

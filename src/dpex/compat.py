@@ -7,7 +7,7 @@ dpex is built on public APIs, except for what has no public form:
 * torch: the worker-info slot that ``get_worker_info()`` reads; the default process
   group's store; the DataLoader's ``in_order`` argument (torch 2.6 and later).
 * Ray: reading the address ``ray start`` recorded, binding an embedded Ray to loopback,
-  the node a process started, Ray's post-init hooks; and, in ``compat_auth``, token
+  the node a process started, Ray's post-init hooks; and, in ``ray_session.auth``, token
   authentication and asking a cluster's GCS for its versions before joining it.
 
 Where versions differ, a feature check decides (``hasattr``, a signature), not a version
@@ -15,7 +15,7 @@ string. Each Ray piece is imported lazily and fails with ``RayInternalsError`` n
 versions when a Ray lacks it, rather than with an ``ImportError`` from deep inside a loader.
 
 This module imports neither torch nor dpex at import time: the embedded head's helper
-process loads it alone, with Ray and without torch (``_head_process.py``).
+process loads it alone, with Ray and without torch (``ray_session/_head_process.py``).
 """
 
 from __future__ import annotations
@@ -194,8 +194,8 @@ def quiet_token_auth_banner() -> Iterator[None]:
 def start_embedded_ray(niceness: int, **init_kwargs):
     """``ray.init`` of the embedded Ray: a new local node bound to loopback, no dashboard,
     without the token-auth banner, its workers started at ``niceness`` (Ray's own default
-    is 15, which an unprivileged worker cannot lower). Used by the trainer (cluster.py) and
-    by the helper process that starts the head for a local start (_head_process.py)."""
+    is 15, which an unprivileged worker cannot lower). Used by the helper process that starts
+    the embedded head (ray_session/_head_process.py)."""
     with loopback_only(), quiet_token_auth_banner():
         return ray.init(address="local", include_dashboard=False,
                         logging_level=logging.WARNING,

@@ -68,8 +68,8 @@ from dpex.scaling import (AutoscalePolicy, Window, median, node_limit, plan_move
 
 if TYPE_CHECKING:
     from dpex.cluster_growth import ClusterGrowth
+    from dpex.lifecycle import ProcessLifecycle
     from dpex.process_handle import ProcessHandle
-    from dpex.remote_iter import _RayDataLoaderIter
 
 # Rebalance only when the loop waited more than this share of a window, and only for a
 # predicted gain of at least this factor.
@@ -85,8 +85,9 @@ class ElasticControl(NodeFollowing):
     """Decides process counts and moves for one ``_RayDataLoaderIter``; see the NOTE.
     What follows the nodes (joins, the autoscaler) is in ``NodeFollowing``."""
 
-    def __init__(self, it: _RayDataLoaderIter, options: WorkerOptions, num_workers: int,
+    def __init__(self, it: ProcessLifecycle, options: WorkerOptions, num_workers: int,
                  start_count: int | None, growth: ClusterGrowth | None = None) -> None:
+        # ``it`` is the iterator (remote_iter.py), driven through its process half only.
         # A proxy, not a reference: the iterator must die when the user drops it (its
         # __del__ releases the processes), not wait for the cycle collector.
         self._it = weakref.proxy(it)

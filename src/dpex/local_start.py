@@ -4,7 +4,7 @@ NOTE [ dpex Local Start ]
 
 When
   A distributed iterator in a process that has no Ray session, that would start the
-  embedded Ray (no cluster to join; ``cluster.would_start_embedded``), outside a
+  embedded Ray (no cluster to join; ``ray_session.would_start_embedded``), outside a
   multi-rank ``torch.distributed`` job, with workers that may run on the trainer's node
   (no ``avoid_trainer_node``, custom resources, labels, GPUs or ``ray_options``), and whose
   logical workers can move (not an ``IterableDataset`` without ``state_dict``).
@@ -14,7 +14,7 @@ What happens
   1. The iterator forks its processes from the trainer (``LocalActor``: torch's own
      mechanism, milliseconds, the dataset inherited) and each hosts its logical workers
      exactly as a Ray process would: same seeds, same tasks, RNG state with every result.
-  2. Then the embedded head starts in a helper process (embedded_head.py, its NOTE): the
+  2. Then the embedded head starts in a helper process (ray_session/embedded.py, its NOTE): the
      trainer itself holds no Ray state yet, so later iterators of the same process can fork
      local processes too.
   3. Between batches, and while the loop waits, ``_local_step`` checks the head. Once it is
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
-from dpex import cluster
+from dpex import ray_session
 from dpex.local_workers import LOCAL_NODE, LocalActor, wait
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) ->
             and torch.distributed.get_world_size() > 1):
         return False
     try:
-        return cluster.would_start_embedded(loader.head_address)
+        return ray_session.would_start_embedded(loader.head_address)
     except Exception:  # a Ray without the pieces this needs: start as before
         return False
 
@@ -78,7 +78,7 @@ class LocalStart:
             self._procs.append(ProcessHandle(LocalActor(dataset, config), LOCAL_NODE,
                                              self._proc_serial))
         self._local_twins: dict[ProcessHandle, ProcessHandle] = {}  # Ray process -> local
-        cluster.start_head_in_background()
+        ray_session.start_embedded()
 
     def _local_procs(self) -> list[ProcessHandle]:
         return [p for p in self._procs if isinstance(p.actor, LocalActor) and not p.dead]
@@ -88,7 +88,7 @@ class LocalStart:
         if not self._local_active:
             return
         if self._dataset_ref is None:
-            if not cluster.join_head_if_up():
+            if not ray_session.joined_if_up():
                 return
             self._setup_ray()
             self._elastic.note("Ray is up: starting a Ray process for each local one")
@@ -119,5 +119,5 @@ class LocalStart:
     def _ensure_ray(self) -> None:
         """Join the head now, waiting for it if need be (a recovery needs a Ray process)."""
         if self._dataset_ref is None:
-            cluster.ensure_ray(self._head_address)
+            ray_session.connect(self._head_address)
             self._setup_ray()

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from dpex import cluster, compat
+from dpex import compat, ray_session
 from dpex.scaling import Autoscale
 
 
@@ -153,11 +153,11 @@ class WorkerOptions:
         node was started with another) as it starts, before any of dpex's code runs; with
         the trainer's niceness in the actor's environment it starts there. On a core shared
         with a normal-priority process, a worker at 15 took 80-100 s to import Python, Ray
-        and torch, against 11 s (docs/scaleout-findings.md). ``Worker.begin`` still sets
+        and torch, against 11 s (benchmarks/records/scaleout-findings.md). ``Worker.begin`` still sets
         every thread: the variable is relative to the node's own niceness.
         """
         niceness = self.target_niceness()
-        if niceness is None or cluster.owns_ray_session():
+        if niceness is None or ray_session.owns_ray_session():
             return {}
         return {"RAY_worker_niceness": str(niceness)}
 

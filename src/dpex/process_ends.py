@@ -5,7 +5,7 @@ NOTE [ dpex How Each Process Ends ]
 Who owns what
   The training process (the trainer) owns, on a machine with no cluster to join:
     * the local worker processes of a cold start (local_workers.py), forked from it;
-    * the helper that runs the embedded Ray's head (embedded_head.py), started from it;
+    * the helper that runs the embedded Ray's head (ray_session/embedded.py), started from it;
     * through the helper, the head's daemons (GCS, raylet, dashboard, monitor...), which
       Ray starts as the helper's children;
     * through the raylet, the Ray worker processes of the embedded Ray, which exit when

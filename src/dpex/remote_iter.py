@@ -70,8 +70,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
-from dpex import session_handles, transport, user_code
-from dpex.cluster import owns_ray_session
+from dpex import ray_session, session_handles, transport, user_code
 from dpex.dispatch import Dispatch
 from dpex.elastic import ElasticControl
 from dpex.lifecycle import ProcessLifecycle, live_iterators
@@ -81,11 +80,10 @@ from dpex.placement import NodePicker, WorkerOptions
 from dpex.receive import Receive
 from dpex.resume import EpochRecord, PendingResume, skipping
 from dpex.seeding import draw_base_seed
-from dpex.shared_ray import connect
 from dpex.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
 
-if TYPE_CHECKING:
-    from dpex.dataloader import DataLoader
+if TYPE_CHECKING:  # dpex's loader, a torch DataLoader, which imports this module
+    from torch.utils.data import DataLoader
 
 class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
     """Iterates once over a ``dpex.DataLoader``, as specified by its sampler. See the NOTE."""
@@ -140,7 +138,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         # A cold process begins on local processes while Ray starts (local_start.py).
         self._local_active = can_start_locally(loader, self._options, self._is_iterable)
         if not self._local_active:
-            connect(loader.head_address)  # under torch.distributed, the ranks share one Ray
+            ray_session.connect(loader.head_address)  # under torch.distributed, the ranks share one Ray
             self._setup_ray()
         self._niceness = self._options.target_niceness()
         self._id = uuid.uuid4().hex[:8]
@@ -172,7 +170,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
     def _setup_ray(self) -> None:
         """What the Ray processes need: the dataset in the object store (once), the config,
         with the user's own modules where they travel (see dpex.user_code)."""
-        code = user_code.bundle_for(self._options.ship_modules, embedded=owns_ray_session())
+        code = user_code.bundle_for(self._options.ship_modules, embedded=ray_session.owns_ray_session())
         session_handles.hold(self)
         self._dataset_ref = ray.put(user_code.wrap(self._dataset, code))
         self._config = user_code.wrap(self._raw_config, code)

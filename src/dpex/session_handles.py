@@ -12,7 +12,7 @@ Why
   ``ray.shutdown()`` and ``ray.init(address=...)``: notebooks do this, and so does any
   process that uses Ray twice. (The actors that died "because all references to the actor
   were removed" in such a process had another cause, token authentication:
-  ``compat_auth.disable_token_auth``.)
+  ``ray_session.auth.disable_token_auth``.)
 
 What dpex does
   Every object of dpex's that holds Ray handles (an iterator, a worker process's handle,

@@ -212,7 +212,7 @@ def run_script(target: str, argv: list[str], module: bool = False,
 # runtime_env. While patched, dpex's adds a worker_process_setup_hook that patches each of
 # the job's worker processes before it runs anything, so the loaders that Ray Train's
 # train_loop_per_worker (or any task of the script) builds are dpex's too. A hook the user
-# had set still runs first; dpex's own ray.init (cluster.join) is left alone, so dpex's
+# had set still runs first; dpex's own ray.init (ray_session's join) is left alone, so dpex's
 # actors keep Ray's default runtime_env (and its prestarted workers).
 _RUNTIME_ENV_HOOK = "RAY_RUNTIME_ENV_HOOK"
 _PATCH_OPTIONS = "DPEX_ZERO_CODE_PATCH"  # the patch's options, for the job's workers
@@ -234,13 +234,13 @@ def _leave_ray_workers() -> None:
 
 def ray_runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
     """Ray's runtime-env hook while patched: the job's workers are patched too."""
-    from dpex import cluster
+    from dpex import ray_session
 
     users = _users_hook[0] if _users_hook else None
     if users:  # "module.function", as Ray reads it
         module, _, name = users.rpartition(".")
         runtime_env = getattr(importlib.import_module(module), name)(runtime_env)
-    if not _active or cluster.joining():
+    if not _active or ray_session.joining():
         return runtime_env
     runtime_env = dict(runtime_env or {})
     if "worker_process_setup_hook" in runtime_env:  # the user's own: theirs to keep

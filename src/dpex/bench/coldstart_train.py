@@ -43,7 +43,7 @@ def main() -> None:
     trained = time.time()
     ray = None
     if loader_kind == "dpex-ray":
-        from dpex.cluster import owns_ray_session
+        from dpex.ray_session import owns_ray_session
 
         ray = "embedded" if owns_ray_session() else "joined"
     print(json.dumps({"imports_s": IMPORTED - t0, "first_s": first - t0,

@@ -92,7 +92,7 @@ def _child_command(workload: str, spec: dict) -> list[str]:
 def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[list[int], list[str]]:
     """The node counts scaleout compares, and notes on what does not fit this machine
     (unequal needs 2 nodes)."""
-    from dpex.bench.nodes import why_not
+    from dpex.testing.nodes import why_not
 
     cpn = config.cores_per_node
     counts, notes = [], []
@@ -107,7 +107,7 @@ def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[list[int]
 
 def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, counts: list[int]
                  ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.bench.nodes import plain_env
+    from dpex.testing.nodes import plain_env
 
     notes = []
     workers = config.workers_for("scaleout")
@@ -129,7 +129,7 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, cou
 
 def run_unequal(config: ElasticConfig, log: Callable[[str], None], cluster
                 ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.bench.nodes import plain_env
+    from dpex.testing.nodes import plain_env
 
     spec = {"address": cluster.address, "node_cores": cluster.node_cores[:2],
             "workers": config.workers_for("unequal"), "epochs": config.epochs,
@@ -153,7 +153,7 @@ def _note_cluster(records: list[ElasticRecord], cluster) -> None:
 
 def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
                   ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.bench.nodes import plain_env, usable_cores
+    from dpex.testing.nodes import plain_env, usable_cores
 
     notes = []
     workers = config.workers_for("autoscale")
@@ -176,7 +176,7 @@ def run_elastic(workloads: list[str], config: ElasticConfig,
     """Run the selected elastic workloads; their records, and notes on what was skipped.
     scaleout and unequal each start their own pinned nodes (unequal's node 1 with its busy
     process) and stop them before the next workload runs."""
-    from dpex.bench.nodes import NodeCluster, why_not
+    from dpex.testing.nodes import NodeCluster, why_not
     from dpex.bench.workloads import default_data_dir, jpeg_files
 
     jpeg_files(Path(config.data_dir or default_data_dir()), count=256, width=500, height=375)

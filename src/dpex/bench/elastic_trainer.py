@@ -190,10 +190,10 @@ def _dpex_loader(dataset, workers: int, address: str | None, options: dict, **ex
 
 
 def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
-    from dpex.bench.nodes import upto_resource
-    from dpex.cluster import ensure_ray
+    from dpex.testing.nodes import upto_resource
+    from dpex import ray_session
 
-    ensure_ray(spec["address"])
+    ray_session.connect(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]
     node_of_core = {c: i for i, cores in enumerate(spec["node_cores"]) for c in cores}
     for repeat in range(spec["repeats"]):
@@ -208,10 +208,10 @@ def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
 
 
 def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
-    from dpex.bench.nodes import upto_resource
-    from dpex.cluster import ensure_ray
+    from dpex.testing.nodes import upto_resource
+    from dpex import ray_session
 
-    ensure_ray(spec["address"])
+    ray_session.connect(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]
     node_of_core = {c: i for i, cores in enumerate(spec["node_cores"]) for c in cores}
     on_two = {"resources": {upto_resource(2): 0.001}}  # nodes 0 and 1 of a larger cluster
@@ -291,7 +291,7 @@ def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     import dpex
     from dpex.bench.runners import wait_for_workers_to_exit
     from dpex.bench.workloads import JpegFolder
-    from dpex.cluster import ensure_ray
+    from dpex import ray_session
 
     dataset = JpegFolder(_jpeg_files(spec["data_dir"]), 10**6)
     # One worker's service time, per loader: dpex's process collates into ordinary memory,
@@ -299,7 +299,7 @@ def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     # being scaled) when it runs; "needed" is each loader's own.
     n = spec["calibration_batches"]
     services = {"torch": calibrate(lambda: _torch_loader(dataset, 1), n)}
-    ensure_ray(None)  # the embedded Ray, started before any clock
+    ray_session.connect(None)  # the embedded Ray, started before any clock
     services["dpex"] = calibrate(lambda: _dpex_loader(dataset, 1, None, {}), n)
     steps = [services["dpex"] / LOAD * m for m in PHASES]
     workers = spec["workers"]

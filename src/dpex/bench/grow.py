@@ -203,7 +203,7 @@ def run_once(head, spec: dict, repeat: int, service_s: float) -> ElasticRecord:
 def child(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     import ray
 
-    from dpex.bench.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
+    from dpex.testing.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
 
     service_s = measure_service(SleepySamples(BATCH_SIZE * (CALIBRATION_BATCHES + 1),
                                               SAMPLE_SLEEP_S))
@@ -253,7 +253,7 @@ def run_grow(size: str, repeats: int, log: Callable[[str], None] = print
              ) -> tuple[list[ElasticRecord], list[str]]:
     """Run the trainer in a fresh process (it starts and stops the cluster); its records."""
     from dpex.bench.elastic import _run_child
-    from dpex.bench.nodes import plain_env
+    from dpex.testing.nodes import plain_env
 
     spec = {"repeats": repeats, "phase_s": PHASE_S[size], "idle_timeout_s": IDLE_TIMEOUT_S}
     lengths = phase_lengths(spec["phase_s"])

@@ -142,9 +142,9 @@ FACTORIES = {"torch": make_torch, "dpex": make_dpex, "dpex-ray": make_dpex_ray,
 
 def start_ray(address: str | None) -> None:
     """Join ``address`` or start the embedded local Ray (dpex's own rules), once."""
-    from dpex.cluster import ensure_ray
+    from dpex import ray_session
 
-    ensure_ray(address)
+    ray_session.connect(address)
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 

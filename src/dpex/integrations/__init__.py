@@ -7,7 +7,7 @@
 * ``dpex.integrations.lightning``: ``DataStallCallback`` logs each epoch's data stall to
   the trainer's loggers (imports lightning). Lightning needs nothing else: its sampler
   injection keeps a dpex loader as is, and DDP ranks share one Ray by themselves
-  (``dpex.shared_ray``).
+  (``dpex.ray_session``).
 * ``dpex.integrations.rebuilt``: the one warning when plain accelerate or Ray Train
   rebuilds a dpex loader as torch's, and the rebuild back (``dpex_like``).
 

@@ -29,7 +29,7 @@ import accelerate
 from accelerate.data_loader import DataLoaderAdapter
 from dpex.dataloader import DataLoader as DpexDataLoader
 from dpex.dataloader import TorchDataLoader
-from dpex.integrations import rebuilt
+from dpex.integrations import build_back, rebuilt
 
 __all__ = ["Accelerator", "prepare"]
 
@@ -81,7 +81,7 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
     if not isinstance(original, DpexDataLoader) or prepared is original:
         return prepared
     if isinstance(prepared, DataLoaderAdapter):  # DataLoaderShard, DataLoaderDispatcher, ...
-        prepared.base_dataloader = rebuilt.dpex_like(prepared.base_dataloader, original)
+        prepared.base_dataloader = build_back.dpex_like(prepared.base_dataloader, original)
         # accelerate before 1.13 "adjusts" a loader's state under DDP by rewriting torchdata
         # StatefulDataLoader's keys, which a dpex state does not have (KeyError); from 1.13
         # it leaves a state without them alone. The method is accelerate's documented hook
@@ -91,7 +91,7 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
             prepared.dl_state_dict = prepared.base_dataloader.state_dict()
         return prepared
     if type(prepared) is TorchDataLoader:  # skip_first_batches of a plain loader
-        return rebuilt.dpex_like(prepared, original)
+        return build_back.dpex_like(prepared, original)
     _warn_fallback(prepared)
     return prepared
 

@@ -32,7 +32,7 @@ import torch
 import ray.train.torch
 
 from dpex.dataloader import DataLoader as DpexDataLoader
-from dpex.integrations import rebuilt
+from dpex.integrations import build_back, rebuilt
 
 __all__ = ["DeviceLoader", "prepare_data_loader"]
 
@@ -69,7 +69,7 @@ def prepare_data_loader(data_loader: torch.utils.data.DataLoader, add_dist_sampl
             data_loader, add_dist_sampler=add_dist_sampler, move_to_device=False)
     loader = data_loader
     if sampled is not data_loader:
-        loader = rebuilt.dpex_like(
+        loader = build_back.dpex_like(
             sampled, data_loader, **{name: getattr(data_loader, name) for name in _KEPT
                                      if hasattr(data_loader, name)})
     device = ray.train.torch.get_device() if move_to_device else None

@@ -11,7 +11,7 @@ the framework's own code. It warns once per framework, naming dpex's integration
 No warning when the name the framework builds with (its module's ``DataLoader``) is a dpex
 class, as under ``dpex run`` / ``dpex.patch()`` (zero-code mode): the rebuilt loader is then
 dpex's. dpex's own integrations rebuild on purpose, inside ``rebuild_expected()``, and put
-a dpex loader back with ``dpex_like``.
+a dpex loader back (``build_back.dpex_like``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 from types import FrameType
-from typing import Any
-
-from torch.utils.data import IterableDataset
 
 _expected: ContextVar[bool] = ContextVar("dpex_rebuild_expected", default=False)
 
@@ -71,11 +68,11 @@ def _framework_of(frame: FrameType) -> str | None:
 
 
 def _builds_dpex(frame: FrameType) -> bool:
-    """The framework's module builds with a dpex class (zero-code mode patched it first)."""
-    from dpex.dataloader import DataLoader
-
+    """The framework's module builds with a dpex class (zero-code mode patched it first):
+    dpex's loader, or a class derived from it (known by its module, so that this module,
+    which the loader imports, never imports the loader)."""
     built = frame.f_globals.get("DataLoader")
-    return isinstance(built, type) and issubclass(built, DataLoader)
+    return isinstance(built, type) and any(c.__module__ == "dpex.dataloader" for c in built.__mro__)
 
 
 @contextlib.contextmanager
@@ -86,30 +83,3 @@ def rebuild_expected() -> Iterator[None]:
         yield
     finally:
         _expected.reset(token)
-
-
-def dpex_like(base: Any, original: Any, **keep: Any) -> Any:
-    """A ``dpex.DataLoader`` built as a framework built ``base`` (a torch loader), with
-    ``original``'s dpex options, and ``keep`` in place of ``base``'s same-named arguments."""
-    from dpex.dataloader import DataLoader
-
-    kwargs: dict[str, Any] = dict(
-        num_workers=base.num_workers, collate_fn=base.collate_fn, pin_memory=base.pin_memory,
-        timeout=base.timeout, worker_init_fn=base.worker_init_fn,
-        multiprocessing_context=base.multiprocessing_context, generator=base.generator,
-        prefetch_factor=base.prefetch_factor, persistent_workers=base.persistent_workers,
-        pin_memory_device=base.pin_memory_device, in_order=getattr(base, "in_order", True),
-        distribute_mode=original.distribute_mode, head_address=original.head_address,
-        worker_options=original.worker_options,
-    )
-    # torch keeps what it was given apart from what it derived: rebuild from the former.
-    if isinstance(base.dataset, IterableDataset):
-        kwargs.update(batch_size=base.batch_size, drop_last=base.drop_last)
-    elif base.batch_sampler is None or base.batch_size is not None:
-        kwargs.update(sampler=base.sampler, batch_size=base.batch_size, drop_last=base.drop_last)
-    else:
-        kwargs.update(batch_sampler=base.batch_sampler)
-    kwargs.update(keep)
-    loader = DataLoader(base.dataset, **kwargs)
-    loader.name = original.name  # its metrics stay under the user's loader's name
-    return loader

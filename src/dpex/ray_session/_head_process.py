@@ -1,4 +1,4 @@
-"""The helper process of ``dpex.embedded_head`` (its NOTE): start the embedded Ray head,
+"""The helper process of ``embedded.py`` (its NOTE): start the embedded Ray head,
 print its address, and shut it down when stdin closes or the trainer is gone (NOTE
 [ dpex How Each Process Ends ], process_ends.py).
 
@@ -15,7 +15,8 @@ import threading
 
 def _load(name):
     """A module of dpex's, loaded alone (``import dpex`` would import torch)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/dpex
+    path = os.path.join(package, f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"_dpex_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -49,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from dpex.bench.process_tree import free_port, stat_fields
+from dpex.testing.process_tree import free_port, stat_fields
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 BUSY_LOOP = "while True: pass"

@@ -1,11 +1,11 @@
 """The ranks of a ``torch.distributed`` job share one Ray by themselves, with no Ray code.
 
-The automatic form of ``dpex.distributed.ray_for_ranks()``: a distributed loader calls
+The automatic form of ``dpex.distributed.ray_for_ranks()`` (ranks.py): a distributed loader calls
 ``connect`` when it first needs Ray. Rank 0 connects by the loader's rules and publishes
 how to join its cluster in the process group's key-value store; the other ranks wait for
 that key and join. No collective, so ranks may build loaders at different moments and in
 different numbers. The protocol, and who stops rank 0's embedded Ray when, is in
-NOTE [ One Ray cluster for all ranks ] of ``dpex.distributed`` ("The automatic form").
+NOTE [ One Ray cluster for all ranks ] in ranks.py ("The automatic form").
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import ray
 import torch.distributed as dist
 
 from dpex import compat
-from dpex.cluster import ensure_ray
-from dpex.distributed import _ClusterInfo, _connect_as_source, _join
+from dpex.ray_session.ranks import ClusterInfo, connect_as_source, join_rank0_cluster
+from dpex.ray_session.rules import ensure_ray
 
 __all__ = ["connect"]
 
 WAIT_FOR_RANK0_S = 600.0  # a rank waits this long for rank 0's first distributed loader
 WAIT_FOR_OTHER_RANKS_S = 1800.0  # rank 0, at exit, waits this long for joined ranks to leave
 
-_KEY_CLUSTER = "dpex/ray/cluster"  # rank 0's _ClusterInfo, as JSON
+_KEY_CLUSTER = "dpex/ray/cluster"  # rank 0's ClusterInfo, as JSON
 _KEY_JOINED = "dpex/ray/joined"  # ranks that started joining (counted before reading)
 _KEY_LEFT = "dpex/ray/left"  # ranks that left (or gave up joining)
 _CLOSED = (
@@ -44,7 +44,7 @@ _published_into = None  # rank 0: the store it published its cluster into
 def connect(head_address: str | None) -> None:
     """Connect this process to Ray for a distributed loader.
 
-    Outside a multi-rank ``torch.distributed`` job, this is ``dpex.cluster.ensure_ray``.
+    Outside a multi-rank ``torch.distributed`` job, this is ``rules.ensure_ray``.
     Inside one, rank 0 connects and publishes its cluster; another rank with no Ray session
     joins that cluster (an explicit ``"host:port"`` on that rank is joined directly).
 
@@ -82,7 +82,7 @@ def _publish(store: dist.Store, head_address: str | None) -> None:
     if _published_into is store:
         ensure_ray(head_address)
         return
-    info = _connect_as_source(head_address)
+    info = connect_as_source(head_address)
     store.set(_KEY_CLUSTER, json.dumps(dataclasses.asdict(info)))
     _published_into = store
     if info.error is not None and not ray.is_initialized():
@@ -106,10 +106,10 @@ def _join_rank0(store: dist.Store, rank: int) -> None:
                 "dpex.distributed.init_ray_for_ranks() on every rank, or connect every rank "
                 "yourself (ray.init)."
             ) from None
-        info = _ClusterInfo(**json.loads(store.get(_KEY_CLUSTER)))
+        info = ClusterInfo(**json.loads(store.get(_KEY_CLUSTER)))
         if info.error is not None:
             raise RuntimeError(f"rank 0's Ray cluster is not available: {info.error}")
-        _join(info, rank)
+        join_rank0_cluster(info, rank)
     except BaseException:
         store.add(_KEY_LEFT, 1)
         raise
@@ -131,7 +131,7 @@ def _leave(store: dist.Store) -> None:
 def _close_after_other_ranks(store: dist.Store) -> None:
     """At exit of rank 0: refuse late joiners, then wait for the joined ranks to leave."""
     try:
-        store.set(_KEY_CLUSTER, json.dumps(dataclasses.asdict(_ClusterInfo(error=_CLOSED))))
+        store.set(_KEY_CLUSTER, json.dumps(dataclasses.asdict(ClusterInfo(error=_CLOSED))))
         joined = store.add(_KEY_JOINED, 0)
         deadline = time.monotonic() + WAIT_FOR_OTHER_RANKS_S
         while store.add(_KEY_LEFT, 0) < joined and time.monotonic() < deadline:

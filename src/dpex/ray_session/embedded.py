@@ -32,13 +32,17 @@ Who owns what
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 
-from dpex import process_ends
+import ray
+
+from dpex import compat, process_ends
+from dpex.ray_session.join import driver_pythonpath, join
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_head_process.py")
 
@@ -96,3 +100,66 @@ class EmbeddedHead:
             self._proc.stdin.close()
         except OSError:
             pass
+
+
+# The embedded Ray of this process: at most one helper, started by the first loader that
+# needs it, joined once, stopped at exit.
+lock = threading.Lock()  # held by whoever starts or joins the embedded Ray
+_head: EmbeddedHead | None = None
+_joined = False
+
+
+def started() -> bool:
+    """A loader started the embedded head (it may not be up yet)."""
+    return _head is not None
+
+
+def start_head() -> EmbeddedHead:
+    """The helper starting the embedded head (started now if it was not); hold ``lock``."""
+    global _head
+    if _head is None:
+        _head = EmbeddedHead(os.getpriority(os.PRIO_PROCESS, 0))
+        atexit.register(_stop)
+    return _head
+
+
+def start_and_join() -> None:
+    """Start the embedded Ray if need be, wait for it, and join it; hold ``lock``."""
+    join_head(start_head().wait())
+
+
+def join_if_up() -> bool:
+    """Join the started head if it is up; True once this process is connected to Ray."""
+    if ray.is_initialized():
+        return True
+    with lock:
+        address = _head.poll() if _head is not None else None
+        if address is None:
+            return False
+        if not ray.is_initialized():
+            join_head(address)
+    return True
+
+
+def join_head(address: str) -> None:
+    global _joined
+    # Workers import what the driver imports: keep the driver's path importable. (They
+    # start at the trainer's niceness, as torch's forked workers do: the helper's setting.)
+    with compat.loopback_only(), compat.quiet_token_auth_banner():
+        join(address, runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
+    _joined = True
+
+
+def owns_ray_session() -> bool:
+    """True when dpex started the Ray session of this process (and will stop it at exit)."""
+    return _joined and ray.is_initialized()
+
+
+def _stop() -> None:
+    global _joined, _head
+    if _joined and ray.is_initialized():
+        ray.shutdown()
+    _joined = False
+    if _head is not None:  # the helper stops Ray's daemons; the trainer does not wait
+        _head.stop()
+        _head = None
