@@ -63,7 +63,8 @@ def run(end: str, *, loader: str = "dpex", framework: str = "plain", handler: bo
     command += ["--address", address] if address else []
     command += ["--autoscale"] * autoscale
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env=env, cwd=HERE)
+                            text=True, start_new_session=True, env=env, cwd=HERE,
+                            preexec_fn=_as_a_terminal_starts_it)
     lines: list[str] = []
     seen: set[str] = set()
     marks: dict[str, float] = {}
@@ -98,6 +99,15 @@ def run(end: str, *, loader: str = "dpex", framework: str = "plain", handler: bo
     output = "".join(lines)
     exit_s = float("inf") if hung or ending_at is None else exited_at - ending_at
     return Ending(end, proc.returncode if not hung else None, exit_s, left, gone_s, output, seen)
+
+
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C and Ctrl-\\ at their defaults, as in a command a terminal starts. A suite
+    started in the background by a non-interactive shell (``make test &``, as some CI runners
+    do) ignores both, and an ignored signal stays ignored across exec: the script would
+    never see the SIGINT it is sent."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _session_dirs(sid: int) -> set[str]:
