@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dpex-installed
 DOCS_STAMP := $(VENV)/.dpex-docs-installed
 
-.PHONY: install demo test test-versions bench docs docs-build clean
+.PHONY: install demo test test-slow test-versions bench docs docs-build clean
 
 install: $(STAMP)
 
@@ -25,8 +25,17 @@ $(STAMP): pyproject.toml
 demo: install
 	$(PY) examples/accuracy_table.py --setups single --epochs 2 --head-address embedded
 
+# The suite in two tiers, each on two pytest-xdist processes that take a test module at a
+# time, longest first (tests/conftest.py: NOTE [ The `ray start` record under parallel
+# tests ]). `make test`: all but the tests marked slow, whole programs run end to end (how a
+# training process ends, a real TorchTrainer, the examples, the bench's own runs); `make
+# test-slow`: those. .ci/run runs both. `$(PY) -m pytest` runs everything in one process.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 test: install
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra $(XDIST) -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -q -ra $(XDIST) -m slow
 
 # The corners of the supported versions (oldest: Python 3.10, torch 2.4, Ray 2.40; newest:
 # torch 2.15, Ray 2.60), each in its own .venv-versions/<corner>, each running the version

@@ -111,7 +111,8 @@ run_corner() {
     log=".venv-versions/$corner.log"
     start=$(date +%s)
     set +e
-    "$env/bin/python" -m pytest -q -ra -p no:cacheprovider "${VERSION_TESTS[@]}" 2>&1 | tee "$log"
+    "$env/bin/python" -m pytest -q -ra -p no:cacheprovider -n 2 --dist loadfile \
+        --no-loadscope-reorder "${VERSION_TESTS[@]}" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     set -e
     local minutes summary python

@@ -1,11 +1,13 @@
-"""Shared fixtures. Tiers: pure (no fixture), ``ray_local`` (one local Ray, small object
-store, shared by the modules that need it), ``cluster`` (tests/test_cluster_*.py start their
-own simulated multi-node cluster and shut the local one down first)."""
+"""Shared fixtures. Kinds of test: pure (no fixture), ``ray_local`` (one local Ray, small
+object store, shared by the modules that need it), ``cluster`` (tests/test_cluster_*.py start
+their own simulated multi-node cluster and shut the local one down first), and ``slow``:
+whole programs run end to end, which ``make test-slow`` runs and ``make test`` leaves out."""
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -121,17 +123,67 @@ def ray_local():
     yield ray
 
 
-# Modules that replace the shared local session with a simulated multi-node cluster of their
-# own (ray.shutdown() first). They run last, in this order, so that the local session above
-# starts once for the whole suite instead of again after each of them.
-REPLACE_THE_SESSION = ("test_webdataset.py", "test_cluster.py", "test_cluster_recovery.py",
-                       "test_cluster_elastic.py", "test_autoscaler.py")
+# NOTE [ The `ray start` record under parallel tests ]
+# `make test` and `make test-slow` run the modules on 2 pytest-xdist processes (a module is
+# the unit: its fixtures start once). What they share is the machine, and one file on it:
+# /tmp/ray/ray_current_cluster, where `ray start` records its head. A script run as a user
+# runs it (default head_address="auto") joins whatever that file names. So:
+# * test_ray_start.py, whose heads write it, holds the record exclusively for the whole
+#   module (``pytestmark = pytest.mark.ray_start_record``);
+# * every other module holds it shared, unless it says (``pytest.mark.no_ray_start_record``)
+#   that nothing in it looks at the record: its Rays are in-process, on ``ray_local``
+#   (address="local") or a cluster it joins by address;
+# * ``ray.cluster_utils.Cluster`` writes the file too, "for convenience in unit testing";
+#   none of ours joins a Cluster that way, so here it does not.
+# The lock is an flock on one file in the machine's temp directory: it holds across the two
+# xdist processes, and across test runs of other checkouts on the same machine.
+RECORD_LOCK = os.path.join(tempfile.gettempdir(), "dpex-tests-ray-start-record.lock")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_start_record(request):
+    import fcntl
+
+    if request.node.get_closest_marker("no_ray_start_record"):
+        yield
+        return
+    writes = request.node.get_closest_marker("ray_start_record") is not None
+    with open(RECORD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if writes else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clusters_leave_the_ray_start_record_alone():
+    import ray._private.utils
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray._private.utils, "write_ray_address", lambda *args, **kwargs: None)
+        yield
+
+
+# The order modules start in. Under xdist (`make test`, `make test-slow`) a free process takes
+# the next module: the longest go first, so that none starts last and runs alone.
+# test_ray_start.py leads: it holds the `ray start` record exclusively (NOTE above) before
+# anything else holds it, while the other process runs the modules after it, which never
+# look at the record. test_webdataset.py, which replaces the shared local session with a
+# cluster of its own (ray.shutdown() first), runs last, after the modules that use it.
+LONGEST_FIRST = ("test_ray_start.py", "test_cluster_recovery.py", "test_cluster_elastic.py",
+                 "test_elastic.py", "test_cluster.py", "test_autoscaler.py",
+                 "test_local_start.py", "test_ending.py", "test_bench_elastic.py",
+                 "test_ray_train.py")
+REPLACE_THE_SESSION = ("test_webdataset.py",)
 
 
 def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
+    def rank(item) -> tuple[int, int]:
         name = item.path.name
-        return REPLACE_THE_SESSION.index(name) + 1 if name in REPLACE_THE_SESSION else 0
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        return (2, REPLACE_THE_SESSION.index(name)) if name in REPLACE_THE_SESSION else (1, 0)
 
     items.sort(key=rank)  # stable: the order within each module is kept
 

@@ -43,6 +43,7 @@ SMOKE_LOADERS = {
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", sorted(SMOKE_LOADERS))
 def test_benchmark_script_runs_every_loader(workload, tmp_path, capsys, ray_local):
     script = _load_script(f"bench_{workload}")
@@ -142,6 +143,7 @@ def test_report_redoes_table_and_plot_from_saved_results(tmp_path, capsys):
     assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
+@pytest.mark.slow
 def test_startup_script_runs_both_loaders(tmp_path, capsys):
     # Each repeat is a fresh process per loader (dpex's with its own embedded Ray): a tiny
     # run through `dpex bench --workloads startup` keeps the workload from rotting.
@@ -158,6 +160,7 @@ def test_startup_script_runs_both_loaders(tmp_path, capsys):
     assert all(r["cold_first_s"] > 0 and r["warm_whole_s"] > 0 for r in records)
 
 
+@pytest.mark.slow
 def test_coldstart_script_runs_both_loaders(tmp_path):
     # `python train.py` per loader from a cold interpreter, as a user's shell starts it (no
     # RAY_ADDRESS: dpex starts its embedded Ray); the bench itself runs as a user runs it.

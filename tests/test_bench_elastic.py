@@ -266,6 +266,7 @@ def _autoscale_checks(records: list[dict], printed: str, out) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_every_elastic_workload_runs_and_stops_what_it_started(tmp_path):
     """One ``dpex bench`` run of the three workloads, as a user starts it: scaleout (1 and 2

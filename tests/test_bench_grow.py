@@ -12,6 +12,8 @@ import pytest
 from dpex.bench import grow_report
 from dpex.bench.elastic_records import ElasticRecord, Epoch
 
+pytestmark = pytest.mark.no_ray_start_record
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STARTS = [2.0, 12.0, 22.0, 42.0]  # light, heavy, light; the last entry is the end
 

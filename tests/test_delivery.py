@@ -8,6 +8,8 @@ from dpex.delivery import MIN_CALLS, OVERDUE_FACTOR, DeliveryRecord, judged, spe
 from dpex.process_handle import ProcessHandle
 from dpex.scaling import plan_moves, without_reversals
 
+pytestmark = pytest.mark.no_ray_start_record
+
 
 def _queued(record: DeliveryRecord, pace_s: float, calls: int, start: float = 0.0,
             tasks: int = 1) -> float:

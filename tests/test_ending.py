@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "benchmarks"))
 import ending  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 NO_HANG_S = 20.0  # an exit slower than this is a hang (torch's take well under a second)
 _torch_runs: dict[tuple, ending.Ending] = {}
 

@@ -64,6 +64,7 @@ def read_record(path) -> dict:
     return record
 
 
+@pytest.mark.slow
 def test_single_device_both_modes_identical(runs):
     out, jobs = runs
     stdout = stdout_of(jobs["single"])
@@ -73,6 +74,7 @@ def test_single_device_both_modes_identical(runs):
     assert "| single device | True |" in table and "| single device | False |" in table
 
 
+@pytest.mark.slow
 def test_data_parallel_runs_on_cpu(runs):
     out, jobs = runs
     stdout = stdout_of(jobs["dp"])
@@ -81,6 +83,7 @@ def test_data_parallel_runs_on_cpu(runs):
     assert record["setup"] == "DataParallel" and len(record["log"]) == 1
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_shared_ray(runs):
     out, jobs = runs
     stdout = stdout_of(jobs["ddp"])

@@ -6,6 +6,8 @@ from torch.utils.data import default_collate, default_convert
 
 from dpex.fetcher import IterableFetcher, MapFetcher
 
+pytestmark = pytest.mark.no_ray_start_record
+
 
 class WithGetItems(torch.utils.data.Dataset):
     def __init__(self):

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import SRC_DIR
 
+pytestmark = pytest.mark.no_ray_start_record
+
 PACKAGE = os.path.join(SRC_DIR, "dpex")
 MAX_LINES = 400
 # Not the loader: the bench and the test clusters (user commands and their machinery), the

@@ -28,7 +28,7 @@ from helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.usefixtures("ray_local")
+pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.no_ray_start_record]
 
 
 def make(distribute: bool, dataset, seed: int, options=None, **kwargs):

@@ -14,6 +14,8 @@ from helpers import AugmentedDataset, wait_until
 
 from dpex.ray_metrics import default_name
 
+pytestmark = pytest.mark.no_ray_start_record
+
 
 class Thing:
     pass

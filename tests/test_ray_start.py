@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from dpex.ray_session import auth
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.ray_start_record]
 TOKEN_AUTH = auth.has_token_auth()  # Rays before token authentication join without one
 needs_token_auth = pytest.mark.skipif(not TOKEN_AUTH, reason="this Ray has no token auth")
 

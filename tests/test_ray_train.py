@@ -29,7 +29,7 @@ pytest.importorskip("ray.train.torch")
 from conftest import SRC_DIR, TESTS_DIR, Job, user_env  # noqa: E402
 from helpers import assert_batches_equal, leftovers  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SCRIPT = os.path.join(TESTS_DIR, "ray_train_script.py")
 RUNS = {  # name: (launcher, kind, extra arguments)

@@ -7,6 +7,8 @@ import pytest
 from dpex.scaling import (Autoscale, AutoscalePolicy, Window, allocate, node_limit,
                           plan_moves, processes_for, throughput)
 
+pytestmark = pytest.mark.no_ray_start_record
+
 
 def test_allocate_is_proportional_and_maximises_the_slowest_share():
     assert allocate(4, [1, 1]) == [2, 2]

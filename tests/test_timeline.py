@@ -9,6 +9,8 @@ import dpex
 from dpex.timeline import Timeline
 from helpers import AugmentedDataset
 
+pytestmark = pytest.mark.no_ray_start_record
+
 
 def record(timeline: Timeline, task: int, process: int, sent: float, compute: float,
            transfer: float, held: float = 0.0, queued: float = 0.0) -> None:

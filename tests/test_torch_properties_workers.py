@@ -28,7 +28,7 @@ from torch_property_datasets import (
     WorkerInfoProbe, failing_init, nested_tensors, probe_worker_info, tensor_data,
 )
 
-pytestmark = pytest.mark.usefixtures("ray_local", "patched")
+pytestmark = [pytest.mark.usefixtures("ray_local", "patched"), pytest.mark.no_ray_start_record]
 
 # ----------------------------------------------------------------------------- workers
 

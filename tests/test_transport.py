@@ -9,6 +9,8 @@ import torch
 
 from dpex.transport import ZERO_COPY_MIN_BYTES, _WireTensor, from_wire, map_structure, to_wire
 
+pytestmark = pytest.mark.no_ray_start_record
+
 Pair = namedtuple("Pair", "a b")
 
 
