@@ -5,7 +5,8 @@ Ray's alike.
 A ``LocalActor`` hosts dpex's ``Worker`` (worker.py) in a forked process and answers the
 calls the iterator makes on a Ray actor (``actor.fetch.remote(...)``, ``begin``, ``drop``,
 ``reset_epoch``, ``rewind``) with a ``LocalRef``; its replies come back in call order over a
-pipe. Every result carries the worker's RNG state, as from a Ray actor, so a logical worker
+pipe, a batch's large tensors in shared memory as from torch's workers
+(``transport.to_pipe``). Every result carries the worker's RNG state, as from a Ray actor, so a logical worker
 moves from a local process to a Ray one with the move protocol, bit for bit. A local
 process that dies fails its outstanding calls with ``LocalProcessDied``, which the
 iterator recovers from as from a dead Ray actor.
@@ -114,6 +115,12 @@ class LocalActor:
                 timeout = 0.0
         except (EOFError, OSError):
             self._fail_all()
+        except Exception:
+            # A reply whose shared-memory tensors the process can no longer hand over (it
+            # died after sending it: their descriptors went with it) fails with its calls.
+            if self.process.is_alive():
+                raise
+            self._fail_all()
 
     def refresh(self, timeout: float = 0.0) -> None:
         """``pump``; and if the process has exited, fail the calls it will never answer."""
@@ -171,7 +178,7 @@ def _serve(conn: Any, dataset: Any, config: Any, trainer_pid: int) -> None:
     process_ends.forget_in_child()
     process_ends.own_signals()
     process_ends.watch_parent(trainer_pid)
-    worker = Worker()
+    worker = Worker(through_a_pipe=True)
     while True:
         try:
             message = conn.recv()
@@ -195,8 +202,13 @@ def _serve(conn: Any, dataset: Any, config: Any, trainer_pid: int) -> None:
             reply = (call_id, False, exc)
         try:
             conn.send(reply)
+        except OSError:  # the trainer closed its end: it stopped this process meanwhile
+            return
         except Exception as exc:  # an unpicklable result or error
-            conn.send((call_id, False, RuntimeError(f"dpex local worker: {exc!r}")))
+            try:
+                conn.send((call_id, False, RuntimeError(f"dpex local worker: {exc!r}")))
+            except OSError:
+                return
 
 
 # ----------------------------------------------------------------------------- get / wait

@@ -47,8 +47,18 @@ def from_wire(obj: Any) -> Any:
     return map_structure(_tensor_from_wire, obj)
 
 
-def _tensor_to_wire(value: Any) -> Any:
-    if (
+def to_pipe(batch: Any) -> Any:
+    """``to_wire`` for the pipe of a local worker process (local_workers.py): a large tensor
+    travels as torch's workers send theirs, its storage in shared memory and a file
+    descriptor through the pipe (the reducers ``import torch`` registers with
+    multiprocessing's pickler), so neither side copies its bytes; a batch collated there is
+    in shared memory from the start, as in torch's workers. A small one rides inline, as in
+    a Ray reply: a descriptor costs more than its bytes."""
+    return map_structure(_tensor_to_pipe, batch)
+
+
+def _plain(value: Any) -> bool:
+    return (
         type(value) is torch.Tensor  # a subclass (a Parameter, say) keeps its own pickling
         and value.layout is torch.strided
         and value.device.type == "cpu"
@@ -57,10 +67,20 @@ def _tensor_to_wire(value: Any) -> Any:
         and not value.is_conj()
         and not value.is_neg()
         and not value.is_nested  # its storage is no flat view: pickled as torch pickles it
-    ):
+    )
+
+
+def _tensor_to_wire(value: Any) -> Any:
+    if _plain(value):
         flat = value.contiguous().view(-1).view(torch.uint8)
         return _WireTensor(flat.numpy(), value.dtype, tuple(value.shape))
     return value
+
+
+def _tensor_to_pipe(value: Any) -> Any:
+    if _plain(value) and value.nbytes < ZERO_COPY_MIN_BYTES:
+        return _tensor_to_wire(value)
+    return value  # pickled by torch's reducer: shared memory and a descriptor
 
 
 def _tensor_from_wire(value: Any) -> Any:

@@ -111,12 +111,18 @@ class Worker:
         worker_id: int = 0,
         resume: WorkerPosition | None = None,
         replay: list[Any] | None = None,
+        *,
+        through_a_pipe: bool = False,
     ) -> None:
-        """Args: as ``begin``; without a ``config`` the worker waits for ``begin``."""
+        """Args: as ``begin``; without a ``config`` the worker waits for ``begin``.
+        ``through_a_pipe``: results go through a local process's pipe (local_workers.py),
+        large tensors in shared memory (``transport.to_pipe``), not to Ray's object store."""
         # Batch-sized blocks are reused across tasks (NOTE [ dpex Worker Allocator ]).
         allocator.keep_freed_memory()
         self.config: WorkerConfig | None = None
         self.collate_fn = None
+        self._through_a_pipe = through_a_pipe
+        self._to_wire = transport.to_pipe if through_a_pipe else transport.to_wire
         self._replicas: dict[int, _Replica] = {}
         self._current: _Replica | None = None  # whose RNG state the process's RNGs hold
         self.niceness_denied = False
@@ -173,7 +179,10 @@ class Worker:
         torch.set_num_threads(1)
         if config is not self.config:
             self.config = config
-            self.collate_fn = _private_memory_collate(config.collate_fn)
+            # For the pipe, torch's default_collate puts the batch in shared memory, as it
+            # does in torch's workers; for Ray's store, in ordinary memory.
+            self.collate_fn = (config.collate_fn if self._through_a_pipe
+                               else _private_memory_collate(config.collate_fn))
         self._park_current()
         seed = seed_worker(config.base_seed, worker_id)
         replica = _Replica(worker_id, dataset, config, seed)
@@ -274,7 +283,7 @@ class Worker:
             error, replica.init_error = replica.init_error, None
             return TaskResult(task_id, ERROR, error, RngState.capture())
         try:
-            payload, kind = transport.to_wire(replica.fetcher.fetch(index)), DATA
+            payload, kind = self._to_wire(replica.fetcher.fetch(index)), DATA
         except StopIteration:
             if not self.config.is_iterable:
                 payload, kind = RemoteError.capture(replica.worker_id, index), ERROR

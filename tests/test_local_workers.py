@@ -1,0 +1,99 @@
+"""The local worker processes of a cold start (dpex/local_workers.py), without Ray: a batch's
+large tensors reach the trainer in shared memory, as from torch's workers, bitwise torch's;
+small ones inline; a reply the process cannot hand over any more fails as its death."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from dpex import local_workers, transport
+from dpex.seeding import draw_base_seed
+from dpex.worker import WorkerConfig
+
+pytestmark = pytest.mark.no_ray_start_record
+
+
+class Images(torch.utils.data.Dataset):
+    """~600 KB images (float32) with an int label, drawn from torch's RNG in the worker."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        return torch.rand(3, 224, 224) + i, i
+
+
+class Transposed(torch.utils.data.Dataset):
+    """Large non-contiguous items, loaded without batching (``batch_size=None``)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return torch.arange(512 * 256, dtype=torch.float64).view(512, 256).t()[:, 1:] + i
+
+
+def _local(dataset, *, auto_collation: bool = True) -> local_workers.LocalActor:
+    """One local process hosting logical worker 0 of 1, seeded as torch's first iterator
+    of a loader with ``torch.Generator().manual_seed(0)`` seeds its worker."""
+    collate = (torch.utils.data.default_collate if auto_collation
+               else torch.utils.data.default_convert)
+    base_seed = draw_base_seed(torch.Generator().manual_seed(0))
+    config = WorkerConfig(1, base_seed, False, auto_collation, collate, False, None)
+    actor = local_workers.LocalActor(dataset, config)
+    local_workers.get(actor.begin.remote(None, None, 0, None, None, None))
+    return actor
+
+
+def _torchs(dataset, **kwargs) -> list:
+    """torch's batches: one forked worker, in order."""
+    return list(torch.utils.data.DataLoader(
+        dataset, num_workers=1, multiprocessing_context="fork",
+        generator=torch.Generator().manual_seed(0), **kwargs))
+
+
+def test_large_tensors_arrive_in_shared_memory_and_bitwise_torchs():
+    actor = _local(Images())
+    try:
+        got = []
+        for k in range(4):  # the whole dataset, batches of 4, in order
+            (result,) = local_workers.get(actor.fetch.remote([(k, list(range(4 * k, 4 * k + 4)))]))
+            got.append(transport.from_wire(result.payload))
+    finally:
+        actor.stop()
+    images, labels = got[0]
+    assert images.is_shared(), "a 2.4 MB batch should come through shared memory"
+    assert not labels.is_shared()  # 32 bytes ride inline
+    expected = _torchs(Images(), batch_size=4)
+    assert len(expected) == len(got)
+    for (e_images, e_labels), (g_images, g_labels) in zip(expected, got):
+        assert torch.equal(e_images, g_images) and torch.equal(e_labels, g_labels)
+
+
+def test_a_large_view_keeps_its_strides_and_values():
+    actor = _local(Transposed(), auto_collation=False)
+    try:
+        (result,) = local_workers.get(actor.fetch.remote([(0, 2)]))
+    finally:
+        actor.stop()
+    got = transport.from_wire(result.payload)
+    (expected,) = [b for i, b in enumerate(_torchs(Transposed(), batch_size=None)) if i == 2]
+    assert got.is_shared() and torch.equal(got, expected)
+    assert (got.stride(), got.storage_offset()) == (expected.stride(), expected.storage_offset())
+
+
+def test_a_reply_left_by_a_dead_process_fails_as_its_death():
+    actor = _local(Images())
+    try:
+        ref = actor.fetch.remote([(0, [0, 1, 2, 3])])
+        assert actor.conn.poll(60), "no reply"  # sent: a small pickle naming shared memory
+        os.kill(actor.process.pid, signal.SIGKILL)
+        actor.process.join()
+        with pytest.raises(local_workers.LocalProcessDied):
+            local_workers.get(ref, timeout=10)
+    finally:
+        actor.stop()
