@@ -1,7 +1,9 @@
 """``python local_start_script.py MODE``: a cold process's loader begins on local processes
 and moves to Ray mid-epoch (tests/test_local_start.py). MODE ``handover``: nothing else
-happens; ``kill``: a local process is SIGKILLed while its workers are being handed over.
-Prints one JSON line: whether the batches are torch's, and what the loader did."""
+happens; ``kill``: a local process is SIGKILLed while its workers are being handed over;
+``epochs``: epochs far shorter than a Ray process's start, with torch's default
+non-persistent workers, until every worker is on Ray. Prints one JSON line: whether the
+batches are torch's, and what the loader did."""
 
 import json
 import os
@@ -48,8 +50,42 @@ def batches(distribute_mode, fault=None):
     return out, loader, (local_pids if distribute_mode else [])
 
 
+def short_epochs(distribute_mode, count=300):
+    """Epochs of 8 batches (about 0.1 s), ``count`` of them or, for dpex, until an epoch
+    began on Ray processes."""
+    from dpex.pool import POOL
+
+    loader = dpex.DataLoader(Noisy(), batch_size=4, num_workers=2, sampler=range(32),
+                             generator=torch.Generator().manual_seed(5),
+                             distribute_mode=distribute_mode)
+    epochs = []
+    for _ in range(count):
+        it = iter(loader)
+        began_on_ray = distribute_mode and not it._local_active
+        epochs.append(list(it))
+        if began_on_ray and POOL.answered:
+            break
+    return epochs, loader
+
+
+def main_epochs():
+    from dpex.pool import POOL
+
+    got, loader = short_epochs(True)
+    expected, _ = short_epochs(False, count=len(got))
+
+    print(json.dumps({
+        "equal": all(torch.equal(a, b) for epoch, theirs in zip(got, expected)
+                     for a, b in zip(epoch, theirs)),
+        "epochs": len(got), "created": POOL.created, "reused": POOL.reused,
+        "events": [e.reason for e in loader.stats().scaling_events],
+    }), flush=True)
+
+
 def main():
     mode = sys.argv[1]
+    if mode == "epochs":
+        return main_epochs()
     expected, _, _ = batches(False)
     fault = {"done": False} if mode == "kill" else None
     got, loader, local_pids = batches(True, fault)

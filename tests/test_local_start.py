@@ -40,6 +40,19 @@ def wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
     return [p for p in pids if not gone(p)]
 
 
+def test_short_epochs_go_on_locally_until_rays_processes_answer():
+    """torch's default non-persistent workers, epochs far shorter than a Ray process's start:
+    each new iterator in the embedded Ray, before any of its processes answered, begins on
+    local processes and takes over the Ray processes the one before it was starting (two in
+    all, started once) instead of waiting for them. Every epoch is torch's."""
+    out = run_script("epochs")
+    assert out["equal"], out
+    assert out["created"] == 2, out  # the hand-over's two, taken over epoch after epoch
+    ray_is_up = [e for e in out["events"] if e.startswith("Ray is up")]
+    assert len(ray_is_up) >= 2, out  # iterators after the join began locally again
+    assert out["events"][-1] == "every logical worker is on a Ray process", out
+
+
 @pytest.mark.parametrize("mode", ["handover", "kill"])
 def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     out = run_script(mode)

@@ -88,6 +88,8 @@ class ProcessLifecycle:
         except RayError as exc:  # begin itself failed: e.g. the dataset does not unpickle there
             self._fail_start(starting, exc)
         proc.node_id = answer[0]
+        if not isinstance(proc.actor, LocalActor):
+            POOL.answered = True
         if isinstance(starting, WorkerSlot) and answer[2]:
             self._stats.niceness_denied = True
 
@@ -281,7 +283,9 @@ class ProcessLifecycle:
         busy = {slot.process for slot in self._slots if slot.in_flight}
         stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])
         for proc in list(self._procs):
-            keep = reuse and proc.ready_ref is None and (epoch_done or proc not in busy)
+            # A process still starting (added watched: no worker, nothing owed but its
+            # answer) goes back too: the next iterator takes it, seconds into its start.
+            keep = reuse and (epoch_done or proc not in busy)
             if isinstance(proc.actor, LocalActor):
                 pass  # stopped above, all at once
             elif keep:

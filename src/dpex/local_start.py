@@ -4,7 +4,9 @@ NOTE [ dpex Local Start ]
 
 When
   A distributed iterator in a process that has no Ray session, that would start the
-  embedded Ray (no cluster to join; ``ray_session.would_start_embedded``), outside a
+  embedded Ray (no cluster to join; ``ray_session.would_start_embedded``), or that joined
+  the embedded Ray before any of its worker processes answered (a later epoch, another
+  loader, while the first hand-over is still starting its Ray processes), outside a
   multi-rank ``torch.distributed`` job, with workers that may run on the trainer's node
   (no ``avoid_trainer_node``, custom resources, labels, GPUs or ``ray_options``), and whose
   logical workers can move (not an ``IterableDataset`` without ``state_dict``).
@@ -24,7 +26,8 @@ What happens
      protocol (elastic.py's NOTE: drain, then continue from the RNG state of the last
      result), and the local process ends once empty. The batches are torch's bits
      throughout. The elastic control (autoscaling, rebalancing) waits until every worker
-     is on Ray.
+     is on Ray. An iterator that ends first gives its Ray processes, started or still
+     starting, to the warm pool (pool.py), and the next one takes them.
 
 Failures
   A local process that dies is recovered as a dead Ray process is, onto a Ray process
@@ -42,6 +45,7 @@ import torch
 
 from dpex import ray_session
 from dpex.local_workers import LOCAL_NODE, LocalActor, wait
+from dpex.pool import POOL
 
 if TYPE_CHECKING:
     from dpex.process_handle import ProcessHandle
@@ -50,7 +54,9 @@ if TYPE_CHECKING:
 
 def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) -> bool:
     """The conditions of the NOTE's "When"."""
-    if not options.local_start or ray.is_initialized():
+    if not options.local_start:
+        return False
+    if ray.is_initialized() and not (ray_session.owns_ray_session() and not POOL.answered):
         return False
     if (options.avoid_trainer_node or options.resources or options.labels
             or options.num_gpus or options.ray_options):
@@ -60,6 +66,8 @@ def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) ->
     if (torch.distributed.is_available() and torch.distributed.is_initialized()
             and torch.distributed.get_world_size() > 1):
         return False
+    if ray.is_initialized():
+        return True  # dpex's embedded Ray, before any of its processes answered
     try:
         return ray_session.would_start_embedded(loader.head_address)
     except Exception:  # a Ray without the pieces this needs: start as before
@@ -91,7 +99,8 @@ class LocalStart:
             if not ray_session.joined_if_up():
                 return
             self._setup_ray()
-            self._elastic.note("Ray is up: starting a Ray process for each local one")
+            self._elastic.note("Ray is up: a Ray process for each local one, started or from the "
+                               "warm pool")
         for local in self._local_procs():  # step 3, and again if a Ray twin died
             if (self._hosted(local) and not local.retiring
                     and local not in self._local_twins.values()):

@@ -27,8 +27,9 @@ Which actor fits
 
 What is released when
   * Only actors that ended cleanly come back (the epoch ran to its end, or nothing was in
-    flight when the iterator went); an actor with tasks in flight, one that died or failed
-    to start, is killed (``ray.kill``) as before.
+    flight when the iterator went), and those still starting with no worker yet (a local
+    start's hand-over, local_start.py: they owe nothing but their answer); an actor with
+    tasks in flight, one that died or failed to start, is killed (``ray.kill``) as before.
   * Size: the pool never holds more actors than this process had busy at once (actors only
     enter it on release); each idle actor is killed ``idle_timeout_s`` (a ``WorkerOptions``
     field, default 120 s) after its release, by a daemon reaper thread; sooner on a node
@@ -88,6 +89,9 @@ class WorkerPool:
         self._reaper: threading.Thread | None = None
         self.created = 0  # actors this pool's users started, for tests and the benchmark
         self.reused = 0
+        # A process of this Ray session has answered: Ray starts worker processes in about
+        # the time a loop waits for a batch, no longer the seconds of a cold start.
+        self.answered = False
 
     def acquire(self, actor_cls: Any, options: WorkerOptions, node_id: str | None,
                 name: str) -> Any:
@@ -154,6 +158,7 @@ class WorkerPool:
         with self._lock:
             session_handles.keep(self._idle)
             self._idle = {}
+            self.answered = False
 
     def _check_session(self) -> None:
         # At each ray.init Ray runs the check itself; this is for Rays without that hook.
