@@ -58,26 +58,27 @@ def short_epochs(distribute_mode, count=300):
     loader = dpex.DataLoader(Noisy(), batch_size=4, num_workers=2, sampler=range(32),
                              generator=torch.Generator().manual_seed(5),
                              distribute_mode=distribute_mode)
-    epochs = []
+    epochs, began_on_ray = [], False
     for _ in range(count):
         it = iter(loader)
         began_on_ray = distribute_mode and not it._local_active
         epochs.append(list(it))
         if began_on_ray and POOL.answered:
             break
-    return epochs, loader
+    return epochs, loader, began_on_ray
 
 
 def main_epochs():
     from dpex.pool import POOL
 
-    got, loader = short_epochs(True)
-    expected, _ = short_epochs(False, count=len(got))
+    got, loader, last_began_on_ray = short_epochs(True)
+    expected, _, _ = short_epochs(False, count=len(got))
 
     print(json.dumps({
         "equal": all(torch.equal(a, b) for epoch, theirs in zip(got, expected)
                      for a, b in zip(epoch, theirs)),
-        "epochs": len(got), "created": POOL.created, "reused": POOL.reused,
+        "epochs": len(got), "last_began_on_ray": last_began_on_ray,
+        "created": POOL.created, "reused": POOL.reused,
         "events": [e.reason for e in loader.stats().scaling_events],
     }), flush=True)
 

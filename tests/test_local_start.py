@@ -50,7 +50,7 @@ def test_short_epochs_go_on_locally_until_rays_processes_answer():
     assert out["created"] == 2, out  # the hand-over's two, taken over epoch after epoch
     ray_is_up = [e for e in out["events"] if e.startswith("Ray is up")]
     assert len(ray_is_up) >= 2, out  # iterators after the join began locally again
-    assert out["events"][-1] == "every logical worker is on a Ray process", out
+    assert out["last_began_on_ray"], out  # once they had answered, epochs began on them
 
 
 @pytest.mark.parametrize("mode", ["handover", "kill"])
