@@ -183,8 +183,11 @@ def test_workers_that_cannot_start_in_time_on_one_node_go_on_elsewhere(cluster):
     assert_batches_equal(expected, batches)
     stats = loader.stats()
     events = [e.reason for e in stats.scaling_events]
-    assert any("did not start within 30" in r for r in events), events
-    assert not any(f"starting a process on {slow}" in r for r in events), events
+    gave_up = [i for i, r in enumerate(events) if "did not start within 30" in r]
+    assert gave_up, events
+    # Before the give-up, node following may have started the node's first process (when
+    # placement left the node out at first, it looks new); after it, none.
+    assert not any(f"starting a process on {slow}" in r for r in events[gave_up[0]:]), events
     assert slow not in stats.per_node and stats.worker_restarts == 0
     assert wait_until(lambda: not any(a.node_id == slow for a in worker_actors())), (
         "the late process on the slow node is still alive")

@@ -285,7 +285,7 @@ class ProcessLifecycle:
         for proc in list(self._procs):
             # A process still starting (added watched: no worker, nothing owed but its
             # answer) goes back too: the next iterator takes it, seconds into its start.
-            keep = reuse and (epoch_done or proc not in busy)
+            keep = reuse and not proc.dead and (epoch_done or proc not in busy)
             if isinstance(proc.actor, LocalActor):
                 pass  # stopped above, all at once
             elif keep:
