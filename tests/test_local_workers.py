@@ -97,3 +97,41 @@ def test_a_reply_left_by_a_dead_process_fails_as_its_death():
             local_workers.get(ref, timeout=10)
     finally:
         actor.stop()
+
+
+def _no_shared_memory(monkeypatch) -> None:
+    """Every new shared-memory block fails as torch's allocator fails on a full /dev/shm
+    (a container's 64 MB default); the forked local process inherits it."""
+    def full(*args, **kwargs):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_3>: "
+                           "No space left on device (28)")
+
+    monkeypatch.setattr(torch.TypedStorage, "_new_shared", full)
+    monkeypatch.setattr(torch.UntypedStorage, "_share_fd_cpu_", full)
+
+
+def test_without_shared_memory_batches_go_inline_and_stay_torchs(monkeypatch):
+    _no_shared_memory(monkeypatch)
+    actor = _local(Images())  # default_collate: the batch would be collated into shm
+    try:
+        got = [transport.from_wire(local_workers.get(actor.fetch.remote([(k, [2 * k, 2 * k + 1])]))[0]
+                                   .payload) for k in range(2)]
+    finally:
+        actor.stop()
+    monkeypatch.undo()
+    expected = _torchs(Images(), batch_size=2)[:2]
+    for (e_images, e_labels), (g_images, g_labels) in zip(expected, got):
+        assert not g_images.is_shared()
+        assert torch.equal(e_images, g_images) and torch.equal(e_labels, g_labels)
+
+
+def test_without_shared_memory_an_unbatched_tensor_goes_inline(monkeypatch):
+    _no_shared_memory(monkeypatch)
+    actor = _local(Transposed(), auto_collation=False)  # moved to shm only when sent
+    try:
+        (result,) = local_workers.get(actor.fetch.remote([(0, 1)]))
+    finally:
+        actor.stop()
+    monkeypatch.undo()
+    got = transport.from_wire(result.payload)
+    assert not got.is_shared() and torch.equal(got, Transposed()[1])

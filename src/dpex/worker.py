@@ -18,6 +18,7 @@ cwd), so a ``worker_init_fn`` that changes process-wide state affects its neighb
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,6 +124,7 @@ class Worker:
         self.collate_fn = None
         self._through_a_pipe = through_a_pipe
         self._to_wire = transport.to_pipe if through_a_pipe else transport.to_wire
+        self.shared_memory_full = False  # the pipe's batches go inline from then on
         self._replicas: dict[int, _Replica] = {}
         self._current: _Replica | None = None  # whose RNG state the process's RNGs hold
         self.niceness_denied = False
@@ -181,7 +183,8 @@ class Worker:
             self.config = config
             # For the pipe, torch's default_collate puts the batch in shared memory, as it
             # does in torch's workers; for Ray's store, in ordinary memory.
-            self.collate_fn = (config.collate_fn if self._through_a_pipe
+            self.collate_fn = (self._shared_memory_collate(config.collate_fn)
+                               if self._through_a_pipe
                                else _private_memory_collate(config.collate_fn))
         self._park_current()
         seed = seed_worker(config.base_seed, worker_id)
@@ -296,6 +299,33 @@ class Worker:
                           time.perf_counter() - started, time.process_time() - cpu_started,
                           time.time())
 
+    def inline_from_now_on(self) -> None:
+        """Shared memory ran out (a container's small /dev/shm): batches go through the pipe
+        inline, as before there was shared memory to put them in (local_workers.py)."""
+        self.shared_memory_full = True
+        self._to_wire = transport.to_wire
+
+    def _shared_memory_collate(self, collate_fn: Callable) -> Callable:
+        """torch's ``default_collate`` as in torch's workers, the batch in shared memory;
+        where that runs out, the same batch in ordinary memory (it draws no random
+        number: collated again, it is the same), and the rest go inline."""
+        if collate_fn is not torch.utils.data.default_collate:
+            return collate_fn
+        private = _private_memory_collate(collate_fn)
+
+        def collate(batch: Any) -> Any:
+            if self.shared_memory_full:
+                return private(batch)
+            try:
+                return collate_fn(batch)
+            except RuntimeError as exc:
+                if not out_of_shared_memory(exc):
+                    raise
+                self.inline_from_now_on()
+                return private(batch)
+
+        return collate
+
     def _set_niceness(self, niceness: int) -> None:
         """Run every thread of this process at ``niceness``; remember when the system refuses
         (raising priority needs a privilege).
@@ -316,6 +346,12 @@ class Worker:
             except ProcessLookupError:  # the thread ended meanwhile
                 pass
         self.niceness_denied = denied
+
+
+def out_of_shared_memory(exc: BaseException) -> bool:
+    """torch's error when a tensor cannot get shared memory (its allocator's messages)."""
+    return isinstance(exc, RuntimeError) and re.search(
+        r"shared memory|unable to write to file|unable to mmap", str(exc)) is not None
 
 
 def _thread_ids() -> list[int]:
