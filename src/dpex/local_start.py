@@ -54,9 +54,9 @@ if TYPE_CHECKING:
 
 def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) -> bool:
     """The conditions of the NOTE's "When"."""
-    if not options.local_start:
-        return False
-    if ray.is_initialized() and not (ray_session.owns_ray_session() and not POOL.answered):
+    # dpex's embedded Ray, before any of its processes answered, still starts locally.
+    cold_embedded_ray = ray_session.owns_ray_session() and not POOL.answered
+    if not options.local_start or (ray.is_initialized() and not cold_embedded_ray):
         return False
     if (options.avoid_trainer_node or options.resources or options.labels
             or options.num_gpus or options.ray_options):
@@ -66,8 +66,8 @@ def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) ->
     if (torch.distributed.is_available() and torch.distributed.is_initialized()
             and torch.distributed.get_world_size() > 1):
         return False
-    if ray.is_initialized():
-        return True  # dpex's embedded Ray, before any of its processes answered
+    if cold_embedded_ray:
+        return True
     try:
         return ray_session.would_start_embedded(loader.head_address)
     except Exception:  # a Ray without the pieces this needs: start as before

@@ -18,7 +18,6 @@ handlers the trainer has: NOTE [ dpex How Each Process Ends ] (process_ends.py).
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -29,8 +28,8 @@ from typing import Any
 
 import ray
 
-from dpex import process_ends, transport
-from dpex.worker import DATA, Worker, out_of_shared_memory
+from dpex import process_ends
+from dpex.worker import Worker
 
 LOCAL_NODE = "local"  # the node id of a local process, in ``loader.stats().per_node`` too
 _METHODS = ("begin", "fetch", "drop", "reset_epoch", "rewind", "release", "ready")
@@ -205,17 +204,6 @@ def _serve(conn: Any, dataset: Any, config: Any, trainer_pid: int) -> None:
             conn.send(reply)
         except OSError:  # the trainer closed its end: it stopped this process meanwhile
             return
-        except RuntimeError as exc:
-            if not (out_of_shared_memory(exc) and name == "fetch"):
-                reply = (call_id, False, RuntimeError(f"dpex local worker: {exc!r}"))
-            else:  # this and every later batch inline, as before shared memory
-                worker.inline_from_now_on()
-                reply = (call_id, True, [dataclasses.replace(r, payload=transport.to_wire(
-                    r.payload)) if r.kind == DATA else r for r in reply[2]])
-            try:
-                conn.send(reply)
-            except OSError:
-                return
         except Exception as exc:  # an unpicklable result or error
             try:
                 conn.send((call_id, False, RuntimeError(f"dpex local worker: {exc!r}")))

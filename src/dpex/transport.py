@@ -49,11 +49,12 @@ def from_wire(obj: Any) -> Any:
 
 def to_pipe(batch: Any) -> Any:
     """``to_wire`` for the pipe of a local worker process (local_workers.py): a large tensor
-    travels as torch's workers send theirs, its storage in shared memory and a file
-    descriptor through the pipe (the reducers ``import torch`` registers with
-    multiprocessing's pickler), so neither side copies its bytes; a batch collated there is
-    in shared memory from the start, as in torch's workers. A small one rides inline, as in
-    a Ray reply: a descriptor costs more than its bytes."""
+    travels as torch's workers send theirs, its storage moved to shared memory here and a
+    file descriptor through the pipe (the reducers ``import torch`` registers with
+    multiprocessing's pickler), so the trainer copies none of its bytes; a batch collated
+    there is in shared memory from the start, as in torch's workers. A small one rides
+    inline, as in a Ray reply: a descriptor costs more than its bytes. Raises torch's
+    RuntimeError where shared memory runs out (worker.py then sends it inline)."""
     return map_structure(_tensor_to_pipe, batch)
 
 
@@ -78,9 +79,11 @@ def _tensor_to_wire(value: Any) -> Any:
 
 
 def _tensor_to_pipe(value: Any) -> Any:
-    if _plain(value) and value.nbytes < ZERO_COPY_MIN_BYTES:
+    if not _plain(value):
+        return value  # pickled as torch pickles it
+    if value.nbytes < ZERO_COPY_MIN_BYTES:
         return _tensor_to_wire(value)
-    return value  # pickled by torch's reducer: shared memory and a descriptor
+    return value.share_memory_()  # a no-op where it was collated into shared memory
 
 
 def _tensor_from_wire(value: Any) -> Any:

@@ -123,8 +123,8 @@ class Worker:
         self.config: WorkerConfig | None = None
         self.collate_fn = None
         self._through_a_pipe = through_a_pipe
-        self._to_wire = transport.to_pipe if through_a_pipe else transport.to_wire
-        self.shared_memory_full = False  # the pipe's batches go inline from then on
+        self._to_wire = self._to_pipe if through_a_pipe else transport.to_wire
+        self._shared_memory_full = False  # the pipe's batches go inline from then on
         self._replicas: dict[int, _Replica] = {}
         self._current: _Replica | None = None  # whose RNG state the process's RNGs hold
         self.niceness_denied = False
@@ -299,11 +299,18 @@ class Worker:
                           time.perf_counter() - started, time.process_time() - cpu_started,
                           time.time())
 
-    def inline_from_now_on(self) -> None:
-        """Shared memory ran out (a container's small /dev/shm): batches go through the pipe
-        inline, as before there was shared memory to put them in (local_workers.py)."""
-        self.shared_memory_full = True
-        self._to_wire = transport.to_wire
+    def _to_pipe(self, batch: Any) -> Any:
+        """``transport.to_pipe``; where shared memory runs out (a container's small
+        /dev/shm), this batch and every later one inline, as before there was shared memory
+        to put them in."""
+        if not self._shared_memory_full:
+            try:
+                return transport.to_pipe(batch)
+            except RuntimeError as exc:
+                if not _out_of_shared_memory(exc):
+                    raise
+                self._shared_memory_full = True
+        return transport.to_wire(batch)
 
     def _shared_memory_collate(self, collate_fn: Callable) -> Callable:
         """torch's ``default_collate`` as in torch's workers, the batch in shared memory;
@@ -314,14 +321,14 @@ class Worker:
         private = _private_memory_collate(collate_fn)
 
         def collate(batch: Any) -> Any:
-            if self.shared_memory_full:
+            if self._shared_memory_full:
                 return private(batch)
             try:
                 return collate_fn(batch)
             except RuntimeError as exc:
-                if not out_of_shared_memory(exc):
+                if not _out_of_shared_memory(exc):
                     raise
-                self.inline_from_now_on()
+                self._shared_memory_full = True
                 return private(batch)
 
         return collate
@@ -348,7 +355,7 @@ class Worker:
         self.niceness_denied = denied
 
 
-def out_of_shared_memory(exc: BaseException) -> bool:
+def _out_of_shared_memory(exc: BaseException) -> bool:
     """torch's error when a tensor cannot get shared memory (its allocator's messages)."""
     return isinstance(exc, RuntimeError) and re.search(
         r"shared memory|unable to write to file|unable to mmap", str(exc)) is not None
