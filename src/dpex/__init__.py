@@ -5,6 +5,7 @@ from dpex import compat
 compat.check_supported_versions()  # before anything else touches torch's or Ray's internals
 
 from dpex import distributed  # noqa: E402
+from dpex.cache import Cache, CacheError, cached  # noqa: E402
 from dpex.dataloader import DataLoader, DpexDataLoader  # noqa: E402
 from dpex.placement import WorkerOptions  # noqa: E402
 from dpex.pool import shutdown_pool  # noqa: E402
@@ -15,10 +16,13 @@ from dpex.zero_code import patch  # noqa: E402
 
 __all__ = [
     "Autoscale",
+    "Cache",
+    "CacheError",
     "DataLoader",
     "DpexDataLoader",
     "StatsSnapshot",
     "WorkerOptions",
+    "cached",
     "distributed",
     "get_worker_info",
     "patch",

@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "run": ("dpex.run_cli", "run a training script unchanged, its DataLoaders' workers on Ray"),
     "bench": ("dpex.bench.cli", "benchmark dpex against torch's DataLoader and Ray Data"),
     "shard": ("dpex.datasets.shard_cli", "write a map-style dataset as tar or Parquet shards"),
+    "cache": ("dpex.cache.cli", "list or remove the caches of dpex.cached stages"),
 }
 
 

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 
 from dpex import compat
+from dpex.cache import Cache
 from dpex.integrations import rebuilt
 from dpex.placement import WorkerOptions
 from dpex.ray_metrics import LoaderMetrics, default_name
@@ -45,7 +46,7 @@ class DataLoader(TorchDataLoader):
     """A drop-in ``torch.utils.data.DataLoader`` that can run its workers on a Ray cluster.
 
     Takes every argument of ``torch.utils.data.DataLoader`` with the same defaults and
-    errors, plus three keyword-only ones.
+    errors, plus four keyword-only ones.
 
     Args:
         distribute_mode: run the ``num_workers`` workers as Ray actors spread over the Ray
@@ -57,6 +58,9 @@ class DataLoader(TorchDataLoader):
             fails within seconds with a ``ConnectionError`` naming the address and the
             cause. A session the user opened with ``ray.init()`` is always used as is.
         worker_options: Ray resources and placement of the workers (``dpex.WorkerOptions``).
+        cache: where the results of the dataset's ``@dpex.cached`` stages are kept across
+            epochs and jobs (``dpex.Cache``; None: its defaults), or False to run those
+            stages every time. Distributed mode only; the batches are the same either way.
 
     Example:
         >>> import torch, dpex
@@ -89,6 +93,7 @@ class DataLoader(TorchDataLoader):
         distribute_mode: bool = False,
         head_address: str | None = "auto",
         worker_options: WorkerOptions | None = None,
+        cache: Cache | bool | None = None,
     ) -> None:
         if not isinstance(distribute_mode, bool):
             raise TypeError(f"distribute_mode should be a bool, but got {distribute_mode!r}")
@@ -101,6 +106,11 @@ class DataLoader(TorchDataLoader):
             raise TypeError(
                 f"worker_options should be a dpex.WorkerOptions, but got {worker_options!r}"
             )
+        if not (cache is None or isinstance(cache, (bool, Cache))):
+            raise TypeError(f"cache should be a dpex.Cache, None or False, but got {cache!r}")
+        if cache is True or cache is None:
+            cache = Cache()
+        self.cache: Cache | None = cache or None
         # Set before torch's __init__, which calls check_worker_number_rationality().
         self.distribute_mode = distribute_mode
         self.head_address = head_address

@@ -154,6 +154,8 @@ class Receive:
             self._tasks_outstanding -= 1
             slot.position = WorkerPosition(result.rng_state, result.dataset_state)
             slot.process.record(result.busy_s, result.cpu_s)
+            if result.cache:
+                self._stats.record_cache(result.cache)
             if self._is_iterable:
                 slot.replay_log.append(index)
             if result.kind == END:

@@ -133,6 +133,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             collate_fn=loader.collate_fn,
             drop_last=loader.drop_last,
             worker_init_fn=DatasetMethod.of(loader.worker_init_fn, loader.dataset),
+            cache=loader.cache,
         )
         self._dataset_ref = self._config = self._picker = None
         # A cold process begins on local processes while Ray starts (local_start.py).

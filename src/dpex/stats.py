@@ -10,6 +10,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from dpex.cache.report import CacheCounters, CacheStats
+
 
 @dataclass(frozen=True)
 class ScalingEvent:
@@ -58,6 +60,8 @@ class StatsSnapshot:
             for (``ClusterRequest``: when, how many CPUs, why).
         moves: logical workers moved from one process to another.
         niceness_denied: a worker could not take the asked niceness (needs privileges).
+        cache: per ``dpex.cached`` stage, its hits, misses and stored bytes
+            (``dpex.cache.report.CacheStats``).
     """
 
     batches: int
@@ -77,6 +81,7 @@ class StatsSnapshot:
     moves: int = 0
     niceness_denied: bool = False
     stall_s: float = 0.0
+    cache: tuple[CacheStats, ...] = ()
 
     @property
     def batches_per_s(self) -> float:
@@ -126,6 +131,7 @@ class LoaderStats:
     moves: int = 0
     niceness_denied: bool = False
     stall_s: float = 0.0
+    cache: CacheCounters = field(default_factory=CacheCounters)
 
     def start_epoch(self) -> None:
         if self.started_at is None:
@@ -161,6 +167,9 @@ class LoaderStats:
     def record_scaling(self, before: int, after: int, reason: str) -> None:
         self.scaling_events.append(ScalingEvent(self.elapsed(), before, after, reason))
 
+    def record_cache(self, deltas: dict) -> None:
+        self.cache.add(deltas)
+
     def record_cluster_request(self, cpus: float, processes: int, reason: str) -> None:
         self.cluster_requests.append(ClusterRequest(self.elapsed(), cpus, processes, reason))
 
@@ -184,4 +193,5 @@ class LoaderStats:
             moves=self.moves,
             niceness_denied=self.niceness_denied,
             stall_s=self.stall_s,
+            cache=self.cache.snapshot(),
         )

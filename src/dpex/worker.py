@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from dpex import allocator, transport, user_code
+from dpex.cache import runtime as cache_runtime
 from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
 from dpex.resume import WorkerPosition, dataset_state, restore_position
@@ -48,6 +49,7 @@ class WorkerConfig:
     collate_fn: Callable
     drop_last: bool
     worker_init_fn: Callable[[int], None] | DatasetMethod | None
+    cache: Any = None  # a dpex.Cache for the dataset's dpex.cached stages, or None
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class TaskResult:
     busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
     cpu_s: float = 0.0  # the CPU time its threads used meanwhile (what the task costs a node)
     finished_at: float = 0.0  # wall clock when it finished (dpex.timeline)
+    cache: dict | None = None  # the process's cache counters since its last result
 
 
 class _Replica:
@@ -181,11 +184,13 @@ class Worker:
         torch.set_num_threads(1)
         if config is not self.config:
             self.config = config
+            cache_runtime.activate(config.cache, use_ray=not self._through_a_pipe)
             # For the pipe, torch's default_collate puts the batch in shared memory, as it
             # does in torch's workers; for Ray's store, in ordinary memory.
             self.collate_fn = (self._shared_memory_collate(config.collate_fn)
                                if self._through_a_pipe
                                else _private_memory_collate(config.collate_fn))
+        cache_runtime.refresh()
         self._park_current()
         seed = seed_worker(config.base_seed, worker_id)
         replica = _Replica(worker_id, dataset, config, seed)
@@ -232,6 +237,7 @@ class Worker:
         """
         self._replicas = {}
         self._current = self.config = self.collate_fn = None
+        cache_runtime.flush()  # kept for the next loader with the same cache settings
         clear_worker_info()
 
     def _new_fetcher(self, replica: _Replica) -> None:
@@ -250,6 +256,7 @@ class Worker:
         """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept.
         ``worker_id``: that logical worker; None: every one this process hosts."""
         ids = list(self._replicas) if worker_id is None else [worker_id]
+        cache_runtime.refresh()
         for replica in (self._replicas.get(i) for i in ids):
             if replica is not None and replica.init_error is None:
                 self._activate(replica)  # a fresh iterator may draw from the worker's RNG
@@ -261,7 +268,10 @@ class Worker:
         """Load the given ``(task_id, index)`` tasks of logical worker ``worker_id`` (None:
         the only one hosted) in order."""
         replica = self._replicas[worker_id] if worker_id is not None else self._current
-        return [self._fetch_one(replica, task_id, index) for task_id, index in tasks]
+        results = [self._fetch_one(replica, task_id, index) for task_id, index in tasks]
+        if results:
+            results[-1].cache = cache_runtime.take_counters()
+        return results
 
     def _activate(self, replica: _Replica) -> None:
         """Give the process's global RNGs and worker info to ``replica``."""

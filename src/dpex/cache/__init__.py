@@ -1,0 +1,8 @@
+"""dpex's exact cache of a dataset's deterministic stage: ``dpex.cached`` marks the stage,
+``dpex.Cache`` says where its entries live (runtime.py: NOTE [ dpex Exact Cache ])."""
+
+from dpex.cache.options import Cache
+from dpex.cache.rng_guard import CacheError
+from dpex.cache.stage import cached
+
+__all__ = ["Cache", "CacheError", "cached"]

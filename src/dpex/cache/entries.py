@@ -1,0 +1,82 @@
+"""An entry as it is stored, and the value a hit hands back (pure, no Ray).
+
+Lossless: a hit returns what the stage returned, bit for bit, with the same dtype, shape
+and strides, and as a private, writable copy, as a fresh computation would be (the later,
+random stage may change it in place; the entry must not change with it).
+
+* A plain CPU tensor is stored as the bytes of its storage in its own layout (a copy with
+  ``torch.preserve_format`` when that keeps its strides), as a numpy array: Ray keeps
+  numpy arrays in its object store out of band, so a hit on the node reads them in place
+  and copies them once, into the tensor it returns.
+* A tensor whose strides that copy cannot keep (an ``expand``-ed view, a slice of a larger
+  storage), and every other object, is pickled as its type pickles itself (torch's own
+  pickling keeps a tensor's storage, offset and strides).
+* A numpy array keeps its dtype, shape and C or Fortran order; it comes back writable.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpex.transport import map_structure
+
+
+@dataclass(frozen=True)
+class _StoredTensor:
+    data: np.ndarray  # the storage's bytes, uint8
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def pack(value: Any) -> Any:
+    return map_structure(_pack_leaf, value)
+
+
+def unpack(stored: Any) -> Any:
+    return map_structure(_unpack_leaf, stored)
+
+
+def nbytes(stored: Any) -> int:
+    """The bytes of the arrays in a packed entry (what it takes of a store), at least 1."""
+    total = []
+    map_structure(lambda leaf: total.append(
+        leaf.data.nbytes if isinstance(leaf, _StoredTensor)
+        else leaf.nbytes if isinstance(leaf, np.ndarray) else 0), stored)
+    return max(1, sum(total))
+
+
+def _plain(value: Any) -> bool:
+    return (type(value) is torch.Tensor and value.layout is torch.strided
+            and value.device.type == "cpu" and not value.requires_grad
+            and not value.is_quantized and not value.is_conj() and not value.is_neg()
+            and not value.is_nested)
+
+
+def _pack_leaf(value: Any) -> Any:
+    if not _plain(value):
+        return value
+    dense = value.clone(memory_format=torch.preserve_format)
+    if dense.stride() != value.stride() or dense.untyped_storage().nbytes() != dense.nbytes:
+        return value  # torch's pickling keeps this layout
+    raw = torch.empty(0, dtype=torch.uint8).set_(dense.untyped_storage())
+    return _StoredTensor(raw.numpy(), value.dtype, tuple(value.shape), tuple(value.stride()))
+
+
+def _unpack_leaf(value: Any) -> Any:
+    if isinstance(value, _StoredTensor):
+        out = torch.empty_strided(value.shape, value.stride, dtype=value.dtype)
+        if value.data.nbytes:
+            raw = torch.empty(0, dtype=torch.uint8).set_(out.untyped_storage())
+            with warnings.catch_warnings():  # read only: it is copied from
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                raw.copy_(torch.from_numpy(value.data))
+        return out
+    if isinstance(value, np.ndarray):
+        return np.array(value, copy=True, order="K")
+    return value  # unpickled afresh from the store or the file: already a private copy

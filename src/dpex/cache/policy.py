@@ -1,0 +1,67 @@
+"""When to keep an entry: the budget, admitted once, and whether reading back pays (pure).
+
+Admit once, never evict
+  Each epoch visits the samples in a new permutation. With entries evicted to make room
+  (LRU), a cache smaller than the dataset would evict every entry before its next use and
+  hit nothing; admitting the first entries that fit and keeping them gives a hit rate equal
+  to the share that fits, from the second epoch on. So a tier admits entries while they fit
+  its budget, then none: a full tier is never a reason to drop an entry.
+
+Recompute or read back (as Cachew, USENIX ATC '22, decides)
+  Caching pays only where reading an entry back costs less than running the stage again.
+  A process measures both on its first misses: the stage's CPU seconds, and the seconds of
+  reading back the entries it has just admitted. After ``MIN_SAMPLES`` of each it keeps
+  admitting entries only where the stage costs ``MIN_GAIN`` times the read or more, and
+  says so in ``loader.stats()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIN_SAMPLES = 8
+MIN_GAIN = 1.5
+MEASURING, CACHE, RECOMPUTE = "measuring", "cache", "recompute"
+
+
+@dataclass
+class Budget:
+    """One tier's bytes on one node: admitted while they fit, never freed."""
+
+    limit: int
+    used: int = 0
+    full: bool = False
+
+    def admit(self, nbytes: int) -> bool:
+        if self.full or self.used + nbytes > self.limit:
+            self.full = True
+            return False
+        self.used += nbytes
+        return True
+
+
+@dataclass
+class CostModel:
+    """A process's measurements of one stage: compute seconds per miss, read seconds per
+    entry read back."""
+
+    compute_s: list[float] = field(default_factory=list)
+    read_s: list[float] = field(default_factory=list)
+
+    def decision(self) -> str:
+        if len(self.compute_s) < MIN_SAMPLES or len(self.read_s) < MIN_SAMPLES:
+            return MEASURING
+        return CACHE if _median(self.compute_s) >= MIN_GAIN * _median(self.read_s) else RECOMPUTE
+
+    def add_compute(self, seconds: float) -> None:
+        if len(self.compute_s) < 4 * MIN_SAMPLES:
+            self.compute_s.append(seconds)
+
+    def add_read(self, seconds: float) -> None:
+        if len(self.read_s) < 4 * MIN_SAMPLES:
+            self.read_s.append(seconds)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]

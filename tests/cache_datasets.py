@@ -1,0 +1,88 @@
+"""Datasets with a ``dpex.cached`` stage, importable by Ray workers (tests/ is on their path).
+
+Each counts its stage's runs in a file per process (``runs_in``), so a test can tell a
+computed sample from one read back, across processes, without asking dpex."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import torch
+from torch.utils.data import Dataset
+
+import dpex
+
+
+class RunLog:
+    """Where a stage notes its runs: an object, not a path attribute, because a folder the
+    dataset names is part of its fingerprint, and this one changes as processes write."""
+
+    def __init__(self, folder: str) -> None:
+        self._folder = folder
+
+    def note(self, i: int) -> None:
+        with open(os.path.join(self._folder, f"runs-{os.getpid()}"), "a") as f:
+            f.write(f"{i}\n")
+
+
+class Decoded(Dataset):
+    """A "decode" that takes 2 ms (more than reading an entry back, so caching pays) and
+    returns a non-contiguous tensor, then a random augmentation from torch's and Python's
+    generators, as a real pipeline draws them."""
+
+    def __init__(self, n: int, count_dir: str | None = None, shape=(3, 32, 32)) -> None:
+        self.n, self.shape = n, shape
+        self.runs = RunLog(count_dir) if count_dir is not None else None
+
+    def __len__(self) -> int:
+        return self.n
+
+    @dpex.cached
+    def decode(self, i: int) -> torch.Tensor:
+        if self.runs is not None:
+            self.runs.note(i)
+        time.sleep(0.002)
+        g = torch.Generator().manual_seed(i)
+        c, h, w = self.shape
+        return torch.rand(h, w, c, generator=g).permute(2, 0, 1)  # HWC storage, CHW view
+
+    def __getitem__(self, i: int):
+        image = self.decode(i)
+        flip = random.random() < 0.5
+        image = image.flip(-1) if flip else image
+        return image * (1 + 0.1 * torch.rand(1)), i
+
+
+class DrawsInStage(Decoded):
+    """The mistake the guard is for: a random draw inside the cached stage."""
+
+    @dpex.cached
+    def decode(self, i: int) -> torch.Tensor:
+        return torch.full((4,), float(i)) + torch.rand(4)
+
+
+def runs_in(count_dir: str) -> list[int]:
+    """Every index the stage computed, over all processes."""
+    out = []
+    for name in os.listdir(count_dir):
+        if name.startswith("runs-"):
+            with open(os.path.join(count_dir, name)) as f:
+                out += [int(line) for line in f if line.strip()]
+    return out
+
+
+class DiesOnce(Decoded):
+    """Its worker process dies at index ``bad``, once (a marker file remembers it)."""
+
+    def __init__(self, n: int, count_dir: str, bad: int) -> None:
+        super().__init__(n, count_dir)
+        self.bad, self.marker = bad, RunLog(count_dir)
+
+    def __getitem__(self, i: int):
+        marker = os.path.join(self.marker._folder, "died")
+        if i == self.bad and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return super().__getitem__(i)

@@ -1,0 +1,190 @@
+"""The exact cache's pure parts, without Ray: the RNG guard, lossless entries, the
+fingerprint, the admission policy and the disk tier; and that a marked stage is inert under
+torch's DataLoader."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import dpex
+from dpex.cache import entries, fingerprint, policy
+from dpex.cache.disk import DiskTier, expire, is_miss
+from dpex.cache.rng_guard import RngSnapshot
+
+from cache_datasets import Decoded, runs_in
+
+pytestmark = pytest.mark.no_ray_start_record
+
+
+@pytest.mark.parametrize("draw, name", [
+    (lambda: random.random(), "Python's random"),
+    (lambda: np.random.rand(), "numpy.random"),
+    (lambda: torch.rand(1), "torch's default generator"),
+])
+def test_rng_guard_names_the_generator_that_moved(draw, name):
+    before = RngSnapshot.take()
+    assert RngSnapshot.take().moved_since(before) == []
+    torch.rand(2, generator=torch.Generator().manual_seed(1))  # its own generator: fine
+    assert RngSnapshot.take().moved_since(before) == []
+    draw()
+    assert RngSnapshot.take().moved_since(before) == [name]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.rand(4, 5, 3).permute(2, 0, 1),  # strides of a permuted view
+    lambda: torch.rand(6, 7).t(),
+    lambda: torch.arange(10, dtype=torch.bfloat16),
+    lambda: torch.rand(3, 1).expand(3, 4),  # overlapping: pickled as torch pickles it
+    lambda: torch.arange(20.0)[5:9],  # a slice of a larger storage
+    lambda: torch.empty(0, 3),
+    lambda: {"x": torch.rand(2, 2), "y": [np.asfortranarray(np.random.rand(3, 4)), "a", 3]},
+])
+def test_entries_are_lossless_private_copies(make):
+    """Read back as a hit reads it (from a pickle: a file, or Ray's store), twice."""
+    value = make()
+    blob = pickle.dumps(entries.pack(value), protocol=5)
+    first, second = (entries.unpack(pickle.loads(blob)) for _ in range(2))
+    _assert_identical(value, first)
+    if isinstance(first, torch.Tensor) and first.numel() and 0 not in first.stride():
+        first.add_(1)  # the later, random stage may change it in place
+        _assert_identical(value, second)
+
+
+def _assert_identical(a, b):
+    if isinstance(a, torch.Tensor):
+        assert b.dtype == a.dtype and b.shape == a.shape and b.stride() == a.stride()
+        assert torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert b.dtype == a.dtype and b.shape == a.shape and b.flags.writeable
+        assert b.flags.f_contiguous == a.flags.f_contiguous and np.array_equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_identical(a[k], b[k])
+    elif isinstance(a, list):
+        for x, y in zip(a, b, strict=True):
+            _assert_identical(x, y)
+    else:
+        assert a == b
+
+
+class _Files:
+    def __init__(self, paths, scale=1.0):
+        self.paths, self.scale, self.tags = paths, scale, {"b", "a", "c"}
+
+    @dpex.cached
+    def load(self, i):
+        return self.scale * i
+
+
+def test_the_namespace_changes_with_attributes_files_and_code(tmp_path):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"1234")
+    ds = _Files([str(path)])
+    base = fingerprint.namespace(_Files.load.fn, ds, None)
+    assert fingerprint.namespace(_Files.load.fn, _Files([str(path)]), None) == base
+    assert fingerprint.namespace(_Files.load.fn, _Files([str(path)], scale=2.0), None) != base
+    os.utime(path, ns=(1, 1))  # the same size, another modification time
+    assert fingerprint.namespace(_Files.load.fn, ds, None) != base
+
+    def load(self, i):
+        return 2 * self.scale * i
+
+    assert fingerprint.namespace(load, ds, None) != fingerprint.namespace(_Files.load.fn, ds, None)
+    # The user's override replaces attributes and files, not the code.
+    assert (fingerprint.namespace(_Files.load.fn, _Files([]), "v1")
+            == fingerprint.namespace(_Files.load.fn, ds, "v1"))
+    assert fingerprint.namespace(load, ds, "v1") != fingerprint.namespace(_Files.load.fn, ds, "v1")
+
+
+def test_the_namespace_is_the_same_in_every_process(tmp_path):
+    """A set's order follows the process's hash seed; the digest must not."""
+    code = ("import sys; sys.path.insert(0, %r); from test_cache import _Files; "
+            "from dpex.cache import fingerprint; "
+            "print(fingerprint.namespace(_Files.load.fn, _Files(['x']), None))"
+            % os.path.dirname(__file__))
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
+               for seed in ("1", "2", "3")}
+    assert len(digests) == 1
+
+
+def test_an_entry_key_covers_the_file_an_argument_names(tmp_path):
+    path = tmp_path / "x.jpg"
+    path.write_bytes(b"abc")
+    before = fingerprint.entry_key((str(path),), {})
+    assert fingerprint.entry_key((str(path),), {}) == before
+    path.write_bytes(b"abcd")
+    assert fingerprint.entry_key((str(path),), {}) != before
+    assert fingerprint.entry_key((1,), {}) != fingerprint.entry_key((2,), {})
+
+
+def test_a_budget_admits_once_and_never_evicts():
+    budget = policy.Budget(limit=10)
+    assert budget.admit(4) and budget.admit(4)
+    assert not budget.admit(4)  # would not fit: full from now on
+    assert not budget.admit(1)  # even what would fit: admitted once, never churned
+    assert budget.used == 8 and budget.full
+
+
+def test_the_cost_model_caches_only_where_reading_back_pays():
+    model = policy.CostModel()
+    for _ in range(policy.MIN_SAMPLES):
+        model.add_compute(0.010)
+        assert model.decision() == policy.MEASURING
+    for _ in range(policy.MIN_SAMPLES):
+        model.add_read(0.001)
+    assert model.decision() == policy.CACHE
+    slow = policy.CostModel([0.001] * policy.MIN_SAMPLES, [0.002] * policy.MIN_SAMPLES)
+    assert slow.decision() == policy.RECOMPUTE
+
+
+def test_the_disk_tier_is_shared_by_a_nodes_processes_within_one_budget(tmp_path):
+    a = DiskTier(str(tmp_path), "ns", limit=3000, ttl_s=60)
+    b = DiskTier(str(tmp_path), "ns", limit=3000, ttl_s=60)
+    entry = entries.pack(torch.arange(250, dtype=torch.float32))  # 1000 bytes of data
+    assert a.put("k1", entry) > 0
+    assert torch.equal(entries.unpack(b.get("k1")), torch.arange(250, dtype=torch.float32))
+    assert is_miss(b.get("k2"))
+    assert b.put("k2", entry) > 0
+    assert a.put("k3", entry) == 0 and a.full  # the two together are at the budget
+    assert b.put("k4", entry) == 0 and b.full
+    assert sorted(n for n in os.listdir(tmp_path / "ns") if not n.startswith(".")) == ["k1", "k2"]
+
+
+def test_an_unused_namespace_folder_expires_after_its_own_ttl(tmp_path):
+    DiskTier(str(tmp_path), "short", limit=100, ttl_s=1)
+    DiskTier(str(tmp_path), "long", limit=100, ttl_s=3600)
+    past = time.time() - 5
+    for name in ("short", "long"):
+        os.utime(tmp_path / name / ".last_use", (past, past))
+    assert expire(str(tmp_path)) == ["short"]
+    assert sorted(os.listdir(tmp_path)) == ["long"]
+
+
+def test_a_cached_stage_is_inert_under_torchs_loader(tmp_path):
+    """torch's DataLoader runs the stage every time: the dataset stays a plain dataset."""
+    ds = Decoded(8, count_dir=str(tmp_path))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
+    for _ in range(2):
+        assert len(list(loader)) == 2
+    assert sorted(runs_in(str(tmp_path))) == sorted(list(range(8)) * 2)
+    assert ds.decode(3).shape == (3, 32, 32)  # in the main process too
+
+
+def test_cache_options_are_checked():
+    with pytest.raises(ValueError, match="memory_share"):
+        dpex.Cache(memory_share=0.9)
+    with pytest.raises(TypeError, match="dpex.Cache"):
+        dpex.DataLoader(Decoded(4), cache="yes")
+    assert dpex.DataLoader(Decoded(4), cache=False).cache is None
+    assert dpex.DataLoader(Decoded(4)).cache == dpex.Cache()
