@@ -26,10 +26,21 @@ N, BATCH = 48, 8
 
 @pytest.fixture(autouse=True)
 def _owners_removed(ray_local):
-    """Owners are detached on purpose (a cache outlives its loader): remove this test's."""
+    """Owners are detached on purpose (a cache outlives its loader): each test starts and
+    ends with none."""
+    _remove_owners(ray_local)
     yield
-    for actor in _owners():
-        ray_local.kill(ray_local.get_actor(actor.name, namespace=RAY_NAMESPACE))
+    _remove_owners(ray_local)
+
+
+def _remove_owners(ray) -> None:
+    for name in _owner_names(ray):  # starting ones too
+        ray.kill(ray.get_actor(name, namespace=RAY_NAMESPACE))
+
+
+def _owner_names(ray) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == RAY_NAMESPACE]
 
 
 def _owners() -> list:
@@ -118,8 +129,8 @@ def test_a_stage_that_draws_a_random_number_is_refused(ray_local, tmp_path):
 
 def test_an_unused_cache_expires_after_its_ttl(ray_local, tmp_path):
     _dpex_epochs(Decoded(16), 1, dpex.Cache(disk_dir=str(tmp_path), ttl_s=3.0))
-    (name,) = [a["name"] for a in ray_local.util.list_named_actors(all_namespaces=True)
-               if a["namespace"] == RAY_NAMESPACE]
+    assert wait_until(lambda: _owner_names(ray_local), timeout=10)  # sent as processes end
+    (name,) = _owner_names(ray_local)
     owner = ray_local.get_actor(name, namespace=RAY_NAMESPACE)
     assert ray_local.get(owner.describe.remote(), timeout=60)["ttl_s"] == 3.0
 

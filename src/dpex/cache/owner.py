@@ -83,6 +83,16 @@ def owner_name(user: str, namespace: str, node_id: str) -> str:
     return f"{user}/{namespace}/{node_id}"
 
 
+def existing_owner(user: str, namespace: str, node_id: str) -> Any:
+    """The running (or starting) owner of ``namespace`` on ``node_id``, or None."""
+    import ray
+
+    try:
+        return ray.get_actor(owner_name(user, namespace, node_id), namespace=RAY_NAMESPACE)
+    except ValueError:
+        return None
+
+
 def owner_for(user: str, namespace: str, stage: str, node_id: str, limit: int,
               ttl_s: float) -> Any:
     """The owner of ``namespace`` on ``node_id``: the running one, or a new one there."""

@@ -216,12 +216,15 @@ class MemoryTier:
     Owner ]): an index of references, read in the background, and entries to send."""
 
     def __init__(self, runtime: CacheRuntime, name: str, label: str) -> None:
-        from dpex.cache.owner import node_store_bytes, owner_for
+        from dpex.cache.owner import node_store_bytes
 
-        node = runtime.node_id()
-        self.limit = int(node_store_bytes(node) * runtime.options.memory_share)
+        self._name, self._label, self._node = name, label, runtime.node_id()
+        self._ttl_s = runtime.options.ttl_s
+        self.limit = int(node_store_bytes(self._node) * runtime.options.memory_share)
         self.full = self.limit <= 0
-        self._owner = owner_for(user(), name, label, node, self.limit, runtime.options.ttl_s)
+        # The node's owner: one that runs (an earlier epoch's, loader's or job's), else one
+        # started with the first entry to keep (none for a stage refused or recomputed).
+        self._owner: Any = None
         self._index: dict[str, list[Any]] = {}
         self._seen = 0
         self._sent_bytes = 0
@@ -268,6 +271,11 @@ class MemoryTier:
 
     def send(self) -> None:
         if self._pending:
+            if self._owner is None:
+                from dpex.cache.owner import owner_for
+
+                self._owner = owner_for(user(), self._name, self._label, self._node,
+                                        self.limit, self._ttl_s)
             self._owner.put.remote(self._pending)
             self._pending = []
             self._sent_at = time.monotonic()
@@ -301,6 +309,12 @@ class MemoryTier:
         not for an owner still starting (its entries are then still few)."""
         import ray
 
+        from dpex.cache.owner import existing_owner
+
+        if self._owner is None:
+            self._owner = existing_owner(user(), self._name, self._node)
+            if self._owner is None:
+                return
         self._ask()  # afresh: an answer still pending was asked before the last epoch's end
         if ray.wait([self._asked], timeout=_FIRST_SYNC_S)[0]:
             self._asked_at = 0.0  # answered: poll takes it now
@@ -308,6 +322,8 @@ class MemoryTier:
 
     def _ask(self) -> None:
         self.send()
+        if self._owner is None:
+            return
         self._asked = self._owner.updates.remote(self._seen)
         self._asked_at = time.monotonic()
 
