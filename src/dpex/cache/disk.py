@@ -2,7 +2,9 @@
 
 Every process on a node shares the folder (``Cache.disk_dir``/<namespace>/): an entry is
 one file, written under a temporary name and renamed into place, so a reader sees a whole
-entry or none. The bytes admitted are counted in the folder's ``.bytes`` file under an
+entry or none. A process writes its entries in a thread of its own, so a disk slower than
+the stage never holds up a batch: where the thread is ``_QUEUE`` entries behind, an entry
+is not kept (it is computed again next time, and kept then). The bytes admitted are counted in the folder's ``.bytes`` file under an
 ``flock``, so the processes of a node together stay within ``Cache.disk_bytes`` (admitted
 once, never evicted). ``.last_use`` is touched as the namespace is used; a folder unused
 for ``Cache.ttl_s`` is removed by the next process that opens the cache folder.
@@ -13,12 +15,15 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from typing import Any
 
 MISS = object()
+_QUEUE = 16
 
 
 class DiskTier:
@@ -29,6 +34,7 @@ class DiskTier:
         self.full = limit <= 0
         self._ttl_s = ttl_s
         self._touched = 0.0
+        self._queue: queue.Queue | None = None
         if not self.full:
             os.makedirs(self.path, exist_ok=True)
             self.touch()
@@ -46,24 +52,53 @@ class DiskTier:
             return MISS
 
     def put(self, key: str, stored: Any) -> int:
-        """Write ``stored`` if it fits the budget; its bytes on disk, or 0 when not admitted."""
+        """Hand ``stored`` to the writer thread, which keeps it if it fits the budget; its
+        bytes, or 0 when it is not kept (the budget is full, or the writer is behind)."""
+        from dpex.cache import entries
+
         if self.full:
             return 0
+        if self._queue is None:
+            self._queue = queue.Queue(_QUEUE)
+            threading.Thread(target=self._write_all, daemon=True, name="dpex-cache-disk").start()
+        try:
+            self._queue.put_nowait((key, stored))
+        except queue.Full:
+            return 0
+        return entries.nbytes(stored)
+
+    def probe_read(self, key: str, stored: Any) -> float:
+        """What reading the entry back costs: from its file once written, else the same
+        work from memory (the file is then still in the page cache)."""
+        from dpex.cache import entries
+
+        started = time.perf_counter()
+        found = self.get(key)
+        entries.unpack(pickle.loads(pickle.dumps(stored, protocol=5)) if found is MISS else found)
+        return time.perf_counter() - started
+
+    def settle(self) -> None:
+        """Wait until every entry handed to the writer is written (or refused)."""
+        if self._queue is not None:
+            self._queue.join()
+
+    def _write_all(self) -> None:
+        while True:
+            key, stored = self._queue.get()
+            try:
+                if not self.full:
+                    self._write(key, stored)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, key: str, stored: Any) -> None:
         data = pickle.dumps(stored, protocol=5)
         if not self._admit(len(data)):
-            return 0
+            return
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, os.path.join(self.path, key))
-        return len(data)
-
-    def probe_read(self, key: str, stored: Any) -> float:
-        from dpex.cache import entries
-
-        started = time.perf_counter()
-        entries.unpack(self.get(key))
-        return time.perf_counter() - started
 
     def touch(self) -> None:
         now = time.time()

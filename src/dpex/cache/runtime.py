@@ -20,7 +20,8 @@ Where a lookup goes (``Space.get``)
      admitted to the first tier that has room (policy.py: admitted once, never evicted),
      unless reading back was measured to cost more than computing (policy.py).
   A worker process that is not a Ray process (the local processes a cold start begins
-  on) has the disk tier only.
+  on) reads the disk tier and keeps nothing: the object store is seconds away, and the
+  decoded samples a disk would take are often larger than the files they came from.
 
 What the trainer sees
   Each task's result carries the counters of its process's cache since the last one
@@ -146,6 +147,7 @@ class Space:
         self.label = label
         self.counters: Counter = Counter()
         self.hits = 0
+        self.keeps = runtime.use_ray  # see the NOTE: a local process keeps nothing
         self.cost = CostModel()
         self.memory = (MemoryTier(runtime, name, label)
                        if runtime.use_ray and options.memory_share > 0 else None)
@@ -195,7 +197,7 @@ class Space:
         self.cost.add_compute(wall_s)
         self.counters["compute_s"] += wall_s
         self.counters["compute_cpu_s"] += cpu_s
-        if self.cost.decision() == RECOMPUTE:
+        if not self.keeps or self.cost.decision() == RECOMPUTE:
             return
         probing = len(self.cost.read_s) < MIN_SAMPLES
         for tier, counter in ((self.memory, "memory"), (self.disk, "disk")):
