@@ -20,8 +20,8 @@ Where a lookup goes (``Space.get``)
      admitted to the first tier that has room (policy.py: admitted once, never evicted),
      unless reading back was measured to cost more than computing (policy.py).
   A worker process that is not a Ray process (the local processes a cold start begins
-  on) reads the disk tier and keeps nothing: the object store is seconds away, and the
-  decoded samples a disk would take are often larger than the files they came from.
+  on) has the disk tier only; a Ray process moves the disk entries it reads into the
+  object store while there is room.
 
 What the trainer sees
   Each task's result carries the counters of its process's cache since the last one
@@ -147,7 +147,6 @@ class Space:
         self.label = label
         self.counters: Counter = Counter()
         self.hits = 0
-        self.keeps = runtime.use_ray  # see the NOTE: a local process keeps nothing
         self.cost = CostModel()
         self.memory = (MemoryTier(runtime, name, label)
                        if runtime.use_ray and options.memory_share > 0 else None)
@@ -197,7 +196,7 @@ class Space:
         self.cost.add_compute(wall_s)
         self.counters["compute_s"] += wall_s
         self.counters["compute_cpu_s"] += cpu_s
-        if not self.keeps or self.cost.decision() == RECOMPUTE:
+        if self.cost.decision() == RECOMPUTE:
             return
         probing = len(self.cost.read_s) < MIN_SAMPLES
         for tier, counter in ((self.memory, "memory"), (self.disk, "disk")):
@@ -258,6 +257,11 @@ class MemoryTier:
             self.full = True
             return 0
         self._sent_bytes += nbytes
+        if self._owner is None:  # started now: its process takes a second or two to be up
+            from dpex.cache.owner import owner_for
+
+            self._owner = owner_for(user(), self._name, self._label, self._node, self.limit,
+                                    self._ttl_s)
         self._pending.append((key, stored, nbytes))
         if len(self._pending) >= _SEND_EVERY:
             self.send()
@@ -273,11 +277,6 @@ class MemoryTier:
 
     def send(self) -> None:
         if self._pending:
-            if self._owner is None:
-                from dpex.cache.owner import owner_for
-
-                self._owner = owner_for(user(), self._name, self._label, self._node,
-                                        self.limit, self._ttl_s)
             self._owner.put.remote(self._pending)
             self._pending = []
             self._sent_at = time.monotonic()
