@@ -47,6 +47,7 @@ def test_rng_guard_names_the_generator_that_moved(draw, name):
     lambda: torch.arange(20.0)[5:9],  # a slice of a larger storage
     lambda: torch.empty(0, 3),
     lambda: {"x": torch.rand(2, 2), "y": [np.asfortranarray(np.random.rand(3, 4)), "a", 3]},
+    lambda: np.frombuffer(bytes(range(12)), dtype=np.uint8).reshape(3, 4),  # read-only
 ])
 def test_entries_are_lossless_private_copies(make):
     """Read back as a hit reads it (from a pickle: a file, or Ray's store), twice."""
@@ -64,7 +65,8 @@ def _assert_identical(a, b):
         assert b.dtype == a.dtype and b.shape == a.shape and b.stride() == a.stride()
         assert torch.equal(a, b)
     elif isinstance(a, np.ndarray):
-        assert b.dtype == a.dtype and b.shape == a.shape and b.flags.writeable
+        assert b.dtype == a.dtype and b.shape == a.shape
+        assert b.flags.writeable == a.flags.writeable
         assert b.flags.f_contiguous == a.flags.f_contiguous and np.array_equal(a, b)
     elif isinstance(a, dict):
         assert a.keys() == b.keys()

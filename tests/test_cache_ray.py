@@ -172,3 +172,30 @@ def test_dpex_cache_ls_and_rm(ray_local, tmp_path):
     assert memory["namespace"] not in {c["namespace"] for c in left} and len(left) == 1
     assert cli("rm", "--all").returncode == 0
     assert json.loads(cli("ls", "--json").stdout) == []
+
+
+def test_a_resumed_epoch_with_a_warm_cache_is_torchs(ray_local, tmp_path):
+    """Half an epoch, its state_dict, a new loader (a restarted job) that resumes it: the
+    batches of an uninterrupted run of torch's loader, the second half read back."""
+    cache = dpex.Cache(disk_dir=str(tmp_path))
+
+    def make() -> dpex.DataLoader:
+        return dpex.DataLoader(Decoded(N), batch_size=BATCH, shuffle=True, num_workers=2,
+                               distribute_mode=True, cache=cache,
+                               generator=torch.Generator().manual_seed(3))
+
+    expected = list(torch.utils.data.DataLoader(
+        Decoded(N), batch_size=BATCH, shuffle=True, num_workers=2,
+        generator=torch.Generator().manual_seed(3)))
+    warm = make()
+    list(warm)  # fills the cache
+    assert wait_until(lambda: _owner_entries() >= N, timeout=10)
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_batches_equal(expected, head + list(resumed), "resumed on a warm cache")
+    assert _stage(resumed).hit_rate == 1.0

@@ -1,6 +1,7 @@
 """Smoke tests of examples/: each example trains one tiny epoch end to end, as a user runs it.
 
-The single-device example runs in both loader modes through ``accuracy_table.py``, which
+The cached-decode example checks its own batches against torch's. The single-device
+example runs in both loader modes through ``accuracy_table.py``, which
 also checks that the two runs' losses and weights are bitwise identical. The DDP example runs
 under torchrun with two gloo ranks sharing rank 0's embedded Ray. All runs use the embedded
 Ray (``--head-address embedded``), never a cluster that happens to run on the machine.
@@ -51,6 +52,8 @@ def runs(tmp_path_factory):
         "ddp": start([sys.executable, "-m", "torch.distributed.run", "--standalone",
                       "--nproc_per_node=2", os.path.join(EXAMPLES, "ddp.py"), *TINY,
                       "--workers=1", "--distribute-mode", f"--results-json={out / 'ddp.json'}"]),
+        "cached": start([sys.executable, os.path.join(EXAMPLES, "cached_decode.py"),
+                         "--images=128", "--epochs=3", "--head-address=embedded"]),
     }
     yield out, jobs
     for job in jobs.values():
@@ -92,6 +95,15 @@ def test_ddp_two_ranks_shared_ray(runs):
     assert record["world_size"] == 2 and len(record["step_losses"]) == 2
     # 96 samples, 16 per rank and step: 3 steps on each rank.
     assert [len(rank) for rank in record["step_losses"]] == [3, 3]
+
+
+@pytest.mark.slow
+def test_cached_decode_is_torchs_bits_and_reads_back(runs):
+    _out, jobs = runs
+    stdout = stdout_of(jobs["cached"])
+    assert "bitwise equal to torch's batches: True" in stdout
+    assert "epoch 0: " in stdout and "epoch 2: " in stdout
+    assert "Photos.decode: " in stdout and "% hits" in stdout
 
 
 def _record(setup: str, mode: bool, losses: list[float], weights: str) -> RunRecord:

@@ -11,7 +11,8 @@ random stage may change it in place; the entry must not change with it).
 * A tensor whose strides that copy cannot keep (an ``expand``-ed view, a slice of a larger
   storage), and every other object, is pickled as its type pickles itself (torch's own
   pickling keeps a tensor's storage, offset and strides).
-* A numpy array keeps its dtype, shape and C or Fortran order; it comes back writable.
+* A numpy array keeps its dtype, shape, C or Fortran order, and whether it is writable
+  (``np.asarray`` of a Pillow image is not: torch warns on ``from_numpy`` of it alike).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class _StoredTensor:
     stride: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _ReadOnlyArray:
+    data: np.ndarray
+
+
 def pack(value: Any) -> Any:
     return map_structure(_pack_leaf, value)
 
@@ -46,7 +52,7 @@ def nbytes(stored: Any) -> int:
     """The bytes of the arrays in a packed entry (what it takes of a store), at least 1."""
     total = []
     map_structure(lambda leaf: total.append(
-        leaf.data.nbytes if isinstance(leaf, _StoredTensor)
+        leaf.data.nbytes if isinstance(leaf, (_StoredTensor, _ReadOnlyArray))
         else leaf.nbytes if isinstance(leaf, np.ndarray) else 0), stored)
     return max(1, sum(total))
 
@@ -59,6 +65,8 @@ def _plain(value: Any) -> bool:
 
 
 def _pack_leaf(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        return _ReadOnlyArray(value)
     if not _plain(value):
         return value
     dense = value.clone(memory_format=torch.preserve_format)
@@ -79,4 +87,8 @@ def _unpack_leaf(value: Any) -> Any:
         return out
     if isinstance(value, np.ndarray):
         return np.array(value, copy=True, order="K")
+    if isinstance(value, _ReadOnlyArray):
+        array = np.array(value.data, copy=True, order="K")
+        array.flags.writeable = False
+        return array
     return value  # unpickled afresh from the store or the file: already a private copy
