@@ -36,16 +36,13 @@ from collections import Counter
 from typing import Any
 
 from dpex.cache import disk, entries
+from dpex.cache.memory import MemoryTier
 from dpex.cache.fingerprint import entry_key, namespace
-from dpex.cache.options import Cache, user
+from dpex.cache.options import Cache
 from dpex.cache.policy import CACHE, MEASURING, MIN_SAMPLES, RECOMPUTE, CostModel
 from dpex.cache.rng_guard import RngSnapshot
 
 _ACTIVE: CacheRuntime | None = None
-_SYNC_S = 0.5  # how often a process reads its node owner's new entries
-_SEND_EVERY = 16  # entries sent to the owner in one call (or every _SYNC_S)
-_GET_TIMEOUT_S = 10.0  # an entry not read in this long (its node is going): a miss
-_FIRST_SYNC_S = 0.2  # at an epoch's start, a process waits this long for its owner's index
 
 
 def active() -> CacheRuntime | None:
@@ -148,7 +145,7 @@ class Space:
         self.counters: Counter = Counter()
         self.hits = 0
         self.cost = CostModel()
-        self.memory = (MemoryTier(runtime, name, label)
+        self.memory = (MemoryTier(runtime.node_id(), name, label, options)
                        if runtime.use_ray and options.memory_share > 0 else None)
         self.disk = (disk.DiskTier(options.folder(), name, options.disk_bytes, options.ttl_s,
                                    label) if options.disk_bytes > 0 else None)
@@ -210,123 +207,6 @@ class Space:
                 if probing:  # what reading it back costs, by the path a hit takes
                     self.cost.add_read(tier.probe_read(key, stored))
             return
-
-
-class MemoryTier:
-    """This process's view of its node owner's entries (owner.py: NOTE [ dpex Cache
-    Owner ]): an index of references, read in the background, and entries to send."""
-
-    def __init__(self, runtime: CacheRuntime, name: str, label: str) -> None:
-        from dpex.cache.owner import node_store_bytes
-
-        self._name, self._label, self._node = name, label, runtime.node_id()
-        self._ttl_s = runtime.options.ttl_s
-        self.limit = int(node_store_bytes(self._node) * runtime.options.memory_share)
-        self.full = self.limit <= 0
-        # The node's owner: one that runs (an earlier epoch's, loader's or job's), else one
-        # started with the first entry to keep (none for a stage refused or recomputed).
-        self._owner: Any = None
-        self._index: dict[str, list[Any]] = {}
-        self._seen = 0
-        self._sent_bytes = 0
-        self._pending: list[tuple[str, Any, int]] = []
-        self._asked: Any = None
-        self._asked_at = self._sent_at = time.monotonic()
-        self.refresh()
-
-    def get(self, key: str) -> Any:
-        import ray
-        from ray.exceptions import GetTimeoutError, ObjectLostError
-
-        self.poll()
-        box = self._index.get(key)
-        if box is None:
-            return disk.MISS
-        try:
-            return ray.get(box[0], timeout=_GET_TIMEOUT_S)
-        except (ObjectLostError, GetTimeoutError):  # its owner or node went: a miss
-            del self._index[key]
-            return disk.MISS
-
-    def has(self, key: str) -> bool:
-        return key in self._index or any(k == key for k, _, _ in self._pending)
-
-    def put(self, key: str, stored: Any) -> int:
-        nbytes = entries.nbytes(stored)
-        if self._sent_bytes + nbytes > self.limit:
-            self.full = True
-            return 0
-        self._sent_bytes += nbytes
-        if self._owner is None:  # started now: its process takes a second or two to be up
-            from dpex.cache.owner import owner_for
-
-            self._owner = owner_for(user(), self._name, self._label, self._node, self.limit,
-                                    self._ttl_s)
-        self._pending.append((key, stored, nbytes))
-        if len(self._pending) >= _SEND_EVERY:
-            self.send()
-        return nbytes
-
-    def probe_read(self, key: str, stored: Any) -> float:
-        import ray
-
-        ref = ray.put(stored)
-        started = time.perf_counter()
-        entries.unpack(ray.get(ref))
-        return time.perf_counter() - started
-
-    def send(self) -> None:
-        if self._pending:
-            self._owner.put.remote(self._pending)
-            self._pending = []
-            self._sent_at = time.monotonic()
-
-    def poll(self) -> None:
-        """Take the owner's answer when it is there; ask again every _SYNC_S."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        now = time.monotonic()
-        if self._pending and now - self._sent_at > _SYNC_S:
-            self.send()
-        if self._asked is None:
-            if now - self._asked_at > _SYNC_S:
-                self._ask()
-            return
-        if now - self._asked_at < 0.02 or not ray.wait([self._asked], timeout=0)[0]:
-            return
-        try:
-            self._seen, new, full = ray.get(self._asked)
-        except RayActorError:  # removed (dpex cache rm) or expired: no memory tier now
-            self._index, self.full, self._asked = {}, True, None
-            return
-        self._index.update(new)
-        self.full = self.full or full
-        self._asked = None
-
-    def refresh(self) -> None:
-        """Ask for the owner's latest entries and wait a little for them (a local call:
-        milliseconds), so that the epoch's first lookups do not recompute what is there;
-        not for an owner still starting (its entries are then still few)."""
-        import ray
-
-        from dpex.cache.owner import existing_owner
-
-        if self._owner is None:
-            self._owner = existing_owner(user(), self._name, self._node)
-            if self._owner is None:
-                return
-        self._ask()  # afresh: an answer still pending was asked before the last epoch's end
-        if ray.wait([self._asked], timeout=_FIRST_SYNC_S)[0]:
-            self._asked_at = 0.0  # answered: poll takes it now
-            self.poll()
-
-    def _ask(self) -> None:
-        self.send()
-        if self._owner is None:
-            return
-        self._asked = self._owner.updates.remote(self._seen)
-        self._asked_at = time.monotonic()
 
 
 def _ref(obj: Any) -> Any:

@@ -1,0 +1,128 @@
+"""The object-store tier as a worker process sees it: the index of its node owner's
+entries, read in the background, and the entries it sends (NOTE [ dpex Cache Owner ] in
+owner.py; the lookup order is NOTE [ dpex Exact Cache ] in runtime.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dpex.cache import disk, entries
+from dpex.cache.options import Cache, user
+from dpex.cache.owner import existing_owner, node_store_bytes, owner_for
+
+_SYNC_S = 0.5  # how often a process reads its node owner's new entries
+_SEND_EVERY = 16  # entries sent to the owner in one call (or every _SYNC_S)
+_GET_TIMEOUT_S = 10.0  # an entry not read in this long (its node is going): a miss
+_FIRST_SYNC_S = 0.2  # at an epoch's start, a process waits this long for its owner's index
+
+
+class MemoryTier:
+    """This process's view of its node owner's entries (owner.py: NOTE [ dpex Cache
+    Owner ]): an index of references, read in the background, and entries to send."""
+
+    def __init__(self, node: str, name: str, label: str, options: Cache) -> None:
+        self._name, self._label, self._node = name, label, node
+        self._ttl_s = options.ttl_s
+        self.limit = int(node_store_bytes(node) * options.memory_share)
+        self.full = self.limit <= 0
+        # The node's owner: one that runs (an earlier epoch's, loader's or job's), else one
+        # started with the first entry to keep (none for a stage refused or recomputed).
+        self._owner: Any = None
+        self._index: dict[str, list[Any]] = {}
+        self._seen = 0
+        self._sent_bytes = 0
+        self._pending: list[tuple[str, Any, int]] = []
+        self._asked: Any = None
+        self._asked_at = self._sent_at = time.monotonic()
+        self.refresh()
+
+    def get(self, key: str) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, ObjectLostError
+
+        self.poll()
+        box = self._index.get(key)
+        if box is None:
+            return disk.MISS
+        try:
+            return ray.get(box[0], timeout=_GET_TIMEOUT_S)
+        except (ObjectLostError, GetTimeoutError):  # its owner or node went: a miss
+            del self._index[key]
+            return disk.MISS
+
+    def has(self, key: str) -> bool:
+        return key in self._index or any(k == key for k, _, _ in self._pending)
+
+    def put(self, key: str, stored: Any) -> int:
+        nbytes = entries.nbytes(stored)
+        if self._sent_bytes + nbytes > self.limit:
+            self.full = True
+            return 0
+        self._sent_bytes += nbytes
+        if self._owner is None:  # started now: its process takes a second or two to be up
+            self._owner = owner_for(user(), self._name, self._label, self._node, self.limit,
+                                    self._ttl_s)
+        self._pending.append((key, stored, nbytes))
+        if len(self._pending) >= _SEND_EVERY:
+            self.send()
+        return nbytes
+
+    def probe_read(self, key: str, stored: Any) -> float:
+        import ray
+
+        ref = ray.put(stored)
+        started = time.perf_counter()
+        entries.unpack(ray.get(ref))
+        return time.perf_counter() - started
+
+    def send(self) -> None:
+        if self._pending:
+            self._owner.put.remote(self._pending)
+            self._pending = []
+            self._sent_at = time.monotonic()
+
+    def poll(self) -> None:
+        """Take the owner's answer when it is there; ask again every _SYNC_S."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        now = time.monotonic()
+        if self._pending and now - self._sent_at > _SYNC_S:
+            self.send()
+        if self._asked is None:
+            if now - self._asked_at > _SYNC_S:
+                self._ask()
+            return
+        if now - self._asked_at < 0.02 or not ray.wait([self._asked], timeout=0)[0]:
+            return
+        try:
+            self._seen, new, full = ray.get(self._asked)
+        except RayActorError:  # removed (dpex cache rm) or expired: no memory tier now
+            self._index, self.full, self._asked = {}, True, None
+            return
+        self._index.update(new)
+        self.full = self.full or full
+        self._asked = None
+
+    def refresh(self) -> None:
+        """Ask for the owner's latest entries and wait a little for them (a local call:
+        milliseconds), so that the epoch's first lookups do not recompute what is there;
+        not for an owner still starting (its entries are then still few)."""
+        import ray
+
+        if self._owner is None:
+            self._owner = existing_owner(user(), self._name, self._node)
+            if self._owner is None:
+                return
+        self._ask()  # afresh: an answer still pending was asked before the last epoch's end
+        if ray.wait([self._asked], timeout=_FIRST_SYNC_S)[0]:
+            self._asked_at = 0.0  # answered: poll takes it now
+            self.poll()
+
+    def _ask(self) -> None:
+        self.send()
+        if self._owner is None:
+            return
+        self._asked = self._owner.updates.remote(self._seen)
+        self._asked_at = time.monotonic()
