@@ -174,3 +174,33 @@ def test_workers_see_the_trainers_torchrun_topology(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     rows = torch.cat(list(loader(EnvDataset(4), batch_size=2)))
     assert rows[:, 1:].tolist() == [[1, 2]] * 4  # as torch's forked workers would see them
+
+
+class _CollectsGarbage(torch.utils.data.Dataset):
+    """Runs the cycle collector in the worker, as any allocation may."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        gc.collect()
+        return i
+
+
+def test_torchs_workers_forked_with_a_dpex_iterator_as_garbage_do_not_hang():
+    """A dpex iterator left in a reference cycle is forked into torch's workers with the
+    rest of the trainer's memory; collected there, it must not call the trainer's Ray
+    (which blocks for ever in a forked child)."""
+    it = iter(dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=2,
+                              distribute_mode=True))
+    next(it)
+    it.cycle = it
+    gc.disable()  # the cycle is still garbage when torch forks
+    try:
+        del it
+        loader = torch.utils.data.DataLoader(_CollectsGarbage(), batch_size=2, num_workers=2,
+                                             timeout=60)
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    finally:
+        gc.enable()
+        gc.collect()

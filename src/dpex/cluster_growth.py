@@ -44,6 +44,7 @@ Leaks
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import uuid
@@ -149,7 +150,7 @@ class ClusterGrowth:
         self.base_nodes: set[str] | None = None
         self.base_capacity = 0
         self._refreshed = 0.0
-        self._release = weakref.finalize(self, _put_quietly, self._requester, None)
+        self._release = weakref.finalize(self, _put_quietly, self._requester, None, os.getpid())
         atexit.register(self._release)
 
     def ask(self, processes: int) -> int:
@@ -179,11 +180,13 @@ class ClusterGrowth:
         _put_quietly(self._requester, ask)
 
 
-def _put_quietly(requester: str, ask: Ask | None) -> None:
+def _put_quietly(requester: str, ask: Ask | None, owner_pid: int | None = None) -> None:
     """Write an ask to the board; at exit or without Ray, skip quietly (the lease lapses).
-    A request the autoscaler refused is said once: the loader goes on with the nodes it has."""
+    A request the autoscaler refused is said once: the loader goes on with the nodes it has.
+    ``owner_pid``: skip in any other process (a forked child, collecting the trainer's
+    garbage, must not call the trainer's Ray)."""
     global _warned, _handle
-    if not ray.is_initialized():
+    if not ray.is_initialized() or owner_pid not in (None, os.getpid()):
         return
     for attempt in range(2):
         try:

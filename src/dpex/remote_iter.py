@@ -61,6 +61,7 @@ What happens on each kind of failure
 from __future__ import annotations
 
 import itertools
+import os
 import time
 import uuid
 import warnings
@@ -89,6 +90,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
     """Iterates once over a ``dpex.DataLoader``, as specified by its sampler. See the NOTE."""
 
     def __init__(self, loader: DataLoader) -> None:
+        self._created_in = os.getpid()
         self._dataset = loader.dataset
         self._is_iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
         self._auto_collation = loader.batch_sampler is not None
@@ -282,6 +284,11 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         return transport.pin_memory(data) if self._pin_memory else data
 
     def __del__(self) -> None:
+        if getattr(self, "_created_in", None) != os.getpid():
+            # Collected in a forked child of the trainer (torch's workers are forked, with
+            # whatever garbage the trainer had): Ray is the trainer's, and a call to it from
+            # here would block that worker for ever. The trainer releases the processes.
+            return
         try:
             self._shutdown_workers(reuse=True)
         except Exception:
