@@ -61,10 +61,11 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from dpex.delivery import judged
+from dpex.move_policy import MovePolicy, Verdict
 from dpex.node_following import NodeFollowing
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
 from dpex.scaling import (AutoscalePolicy, Window, median, node_limit, plan_moves,
-                          processes_for, without_reversals)
+                          processes_for)
 
 if TYPE_CHECKING:
     from dpex.cluster_growth import ClusterGrowth
@@ -78,7 +79,6 @@ _MIN_GAIN = 1.3
 _WINDOW_S = 2.0  # without autoscaling
 _MIN_SAMPLES = 5  # tasks a process must have run before its speed is trusted
 _DRIFT = 0.05  # per window, how far an empty process's speed drifts toward the others'
-_REVERSAL_COOLDOWN_S = 30.0  # a worker does not move back to a process it left this recently
 
 
 class ElasticControl(NodeFollowing):
@@ -86,7 +86,8 @@ class ElasticControl(NodeFollowing):
     What follows the nodes (joins, the autoscaler) is in ``NodeFollowing``."""
 
     def __init__(self, it: ProcessLifecycle, options: WorkerOptions, num_workers: int,
-                 start_count: int | None, growth: ClusterGrowth | None = None) -> None:
+                 start_count: int | None, growth: ClusterGrowth | None = None,
+                 moves: MovePolicy | None = None) -> None:
         # ``it`` is the iterator (remote_iter.py), driven through its process half only.
         # A proxy, not a reference: the iterator must die when the user drops it (its
         # __del__ releases the processes), not wait for the cycle collector.
@@ -108,7 +109,11 @@ class ElasticControl(NodeFollowing):
         self._starved_nodes: set[str] = set()  # a process of this loader did not start there
         self._filling = False  # processes were added: move workers onto them once up
         self._growth = growth if self._policy is not None else None
-        self._recent_moves: list[tuple[float, int, Any, Any]] = []  # (when, worker, from, to)
+        # The loader's: it outlives this iterator, so evidence and rests span epochs.
+        self._moves = moves if moves is not None else MovePolicy()
+        self._moves.epoch_started()
+        self._ramp = True  # this epoch's first window has not ended yet
+        self._unsettled = False  # a move drained during this window
 
     def initial_processes(self) -> int:
         if self._policy is None:
@@ -118,6 +123,13 @@ class ElasticControl(NodeFollowing):
                        min(self._start_count, self._policy.max_processes))
         return self._policy.initial()
 
+    def new_epoch(self) -> None:
+        """A persistent iterator starts another epoch: its first window starts at the first
+        batch, and is its ramp (not evidence, and its tasks are not the processes' speed)."""
+        self._last = None
+        self._ramp = True
+        self._moves.epoch_started()
+
     def note(self, reason: str) -> None:
         count = len(self._live())
         self._it._stats.record_scaling(count, count, reason)
@@ -126,6 +138,7 @@ class ElasticControl(NodeFollowing):
         """Called by the iterator after each batch and while it waits; acts once a window."""
         stats = self._it._stats
         now = time.monotonic()
+        self._unsettled = self._unsettled or self._moving()
         if self._filling and self._fill_new_processes():  # as soon as they answer
             return
         if self._growth is not None:
@@ -150,6 +163,17 @@ class ElasticControl(NodeFollowing):
             return
         window = Window(now - started, stats.stall_s - wait0, stats.batches - batches0,
                         tuple(p.speed() for p in procs))
+        stalled = window.wait_s / window.elapsed_s > _STALLED
+        settled, self._unsettled = not self._unsettled and not self._moving(), self._moving()
+        verdict = self._moves.window(now, self._layout(), window.elapsed_s, window.batches,
+                                     stalled, settled)
+        if verdict is not None:
+            self._judged(verdict, now)
+        if self._ramp:  # the ramp's tasks are not the processes' speed: measure afresh
+            self._ramp = False
+            for proc in procs:
+                if self._it._hosted(proc):
+                    proc.restart_measurement()
         self._drift_idle_speeds(procs)
         if self._policy is not None:
             capacity = self._it._picker.capacity(len(procs))
@@ -159,8 +183,8 @@ class ElasticControl(NodeFollowing):
                 self._scale(len(procs), decision.processes, decision.reason)
                 return
             self._withdraw_unmet_ask(window, len(procs))
-        stalled = window.wait_s / window.elapsed_s > _STALLED
-        if stalled and self._options.rebalance and self._ready_to_move():
+        if (stalled and self._options.rebalance and self._moves.may_move(now)
+                and self._ready_to_move()):
             self._rebalance(_MIN_GAIN)
         if stalled and self._policy is None and self._swap is None:
             self._follow_new_nodes()
@@ -205,22 +229,26 @@ class ElasticControl(NodeFollowing):
             self._retire(old, prefer=new)
             return True
         if any(p.samples == 0 for p in empty) and len(empty) < len(procs):
-            return bool(self._rebalance(min_gain=1.0, why="onto new processes"))
+            return bool(self._rebalance(min_gain=1.0, why="onto new processes", judged=False))
         return False
 
-    def _rebalance(self, min_gain: float, why: str = "toward faster processes") -> int:
+    def _rebalance(self, min_gain: float, why: str = "toward faster processes",
+                   judged: bool = True) -> int:
+        """Plan and start moves. ``judged``: the rebalancer's own (workers that moved within
+        the last minute stay, and the move is judged by the throughput after it); filling
+        new processes is the autoscaler's decision, not judged here."""
         procs = [p for p in self._live() if p.ready_ref is None]
         hosted = [[s.worker_id for s in self._it._hosted(p)] for p in procs]
-        movable = {s.worker_id for s in self._it._slots if self._it._movable(s)}
+        now = time.monotonic()
+        resting = self._moves.resting(now) if judged else set()
+        movable = {s.worker_id for s in self._it._slots
+                   if self._it._movable(s) and s.worker_id not in resting}
         planned = plan_moves([p.speed() for p in procs], hosted, movable, min_gain,
                              nodes=[p.node_id for p in procs], limits=self._node_limits(procs))
-        now = time.monotonic()
-        self._recent_moves = [m for m in self._recent_moves if now - m[0] < _REVERSAL_COOLDOWN_S]
-        moves = without_reversals([(w, procs[s], procs[d]) for w, s, d in planned],
-                                  self._recent_moves, now, _REVERSAL_COOLDOWN_S)
-        for worker_id, src, dst in moves:
+        moves = [(w, procs[s], procs[d]) for w, s, d in planned]
+        for worker_id, _, dst in moves:
             self._it._move(self._it._slots[worker_id], dst)
-            self._recent_moves.append((now, worker_id, src, dst))
+        self._moves.moved(now, [(w, s.serial, d.serial) for w, s, d in moves], judged=judged)
         if moves:
             speeds = ", ".join(f"process {p.serial}: "
                                + (f"{p.speed():.1f}/s" if p.speed() > 0 else "new") for p in procs)
@@ -244,6 +272,35 @@ class ElasticControl(NodeFollowing):
                 limits[node] = limit
         return limits
 
+    def _judged(self, verdict: Verdict, now: float) -> None:
+        """Log the verdict on the rebalancer's last move; undo it if it lowered the
+        throughput (the workers still where it put them go back, if their process is up)."""
+        workers = sorted(w for w, _, _ in verdict.moves)
+        ready = {p.serial: p for p in self._live() if p.ready_ref is None}
+        undone = []
+        for worker, at, back in verdict.undo:
+            slot = self._it._slots[worker]
+            if (back in ready and slot.process is not None and slot.process.serial == at
+                    and self._it._movable(slot)):
+                self._it._move(slot, ready[back])
+                undone.append((worker, at, back))
+        self._moves.moved(now, undone, judged=False)
+        wait = max(0.0, self._moves.quiet_until() - now)
+        if verdict.kept:
+            reason = f"kept move of workers {workers}: {verdict.reason}"
+        elif verdict.undo:
+            reason = (f"undid move of workers {sorted(w for w, _, _ in undone)}: "
+                      f"{verdict.reason}; next move after {wait:.0f} s")
+        else:
+            reason = f"move of workers {workers} not judged: {verdict.reason}; " \
+                     f"next move after {wait:.0f} s"
+        self.note(reason)
+
+    def _layout(self) -> tuple:
+        """Which process (and node) hosts each logical worker: what evidence is of."""
+        return tuple((s.process.serial, s.process.node_id) if s.process is not None else None
+                     for s in self._it._slots)
+
     # ----------------------------------------------------------------- helpers
 
     def _retire(self, proc: ProcessHandle, prefer: ProcessHandle | None = None) -> None:
@@ -255,6 +312,7 @@ class ElasticControl(NodeFollowing):
         others = [p for p in self._live() if p.ready_ref is None]
         counts = {p: len(self._it._hosted(p)) for p in others}
         typical = median([p.speed() for p in others if p.speed() > 0]) if others else 0.0
+        moved = []
         for slot in [s for s in self._it._slots if s.process is proc]:
             if prefer is not None and prefer in counts:
                 dest = prefer
@@ -263,6 +321,8 @@ class ElasticControl(NodeFollowing):
                                                   -p.serial))
             counts[dest] += 1
             self._it._move(slot, dest)
+            moved.append((slot.worker_id, proc.serial, dest.serial))
+        self._moves.moved(time.monotonic(), moved, judged=False)  # they rest, all the same
         if not self._it._hosted(proc):
             self._it._drop_process(proc, reuse=True)
 

@@ -151,7 +151,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._proc_serial = 0
         self._elastic = ElasticControl(
             self, self._options, self._num_workers, start_count=self._stats.processes or None,
-            growth=None if self._local_active else loader._cluster_growth())
+            growth=None if self._local_active else loader._cluster_growth(),
+            moves=loader._move_policy)
         if self._local_active:
             self._start_locally(loader.dataset, self._raw_config,
                                 self._elastic.initial_processes())
@@ -217,6 +218,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             itertools.cycle(range(self._num_workers)), skip % self._num_workers, None)
         self._record.delivered = skip
         self._stats.start_epoch()
+        if not first_iter:
+            self._elastic.new_epoch()
         self._timeline.start_epoch()
         for slot in self._slots:
             slot.active = True
