@@ -33,7 +33,8 @@ What decides (this module, on the training thread, at most once per window)
     CPUs), at most what its CPUs give (less the trainer's use, over the CPU seconds a task
     costs: speeds read while its processes took turns add up to more), then within nodes.
     A process left with no workers keeps its last measured speed, drifting back toward the
-    others' so it is tried again later (a busy node may have become free).
+    others' so it is tried again later (a busy node may have become free). What a planned
+    move must pass first, and after, is below ("Moves that only help").
   * New nodes (fixed process count): when the loop waits and a node joined that placement
     by CPUs would use, one process moves there: a new one starts on it (watched), then the
     process on the most crowded node retires into it. A node where a process of this loader
@@ -48,10 +49,34 @@ What decides (this module, on the training thread, at most once per window)
   over time (``process_timeline``), and what was asked of the autoscaler
   (``cluster_requests``).
 
+Moves that only help (move_policy.py, ``MovePolicy``: the rules and their constants)
+  A speed read over a few tasks can be wrong (under object-store pressure a node's
+  processes read at a third of their speed, and a move onto the trainer's busy core made
+  the loader slower), so the rebalancer's moves answer to the loader's own throughput:
+  batches/s over the windows in which the loop stalled (when it does not wait, the loader is
+  not the bottleneck), no move drained, and that are not an epoch's first window (its ramp:
+  replicas begin, the prefetch fills, the epoch's start waits; the processes' speeds are
+  measured afresh after it). Such windows of one layout add up across epochs. A move is
+  planned only on two of them (20 batches); the same evidence of the layout it made, after
+  its drain, judges it: lower by over 2%, it is undone once (the undo is not judged) and the
+  next move waits 30 s, doubling with each failure in a row (at most 8 min); a move whose
+  layout ended unjudged (a loader without persistent workers starts each epoch from the
+  default layout) counts as a failure. One judgement at a time. A logical worker moves at
+  most once a minute (no flip-flop between processes of about one speed), but for the undo
+  of a bad move: waiting a minute on a layout measured slower is what the rules prevent.
+  Moves the autoscaler and node following make (onto new processes, out of retiring ones,
+  a new node's swap) are their own decisions: not judged here (the autoscaler judges its
+  steps by the throughput: its ceiling), and not held back (a retire must empty its process
+  whatever moved last); they count for the minute rule, and a layout they change starts its
+  evidence afresh. The policy is the loader's (``DataLoader._move_policy``): it outlives the
+  iterators of a loader without persistent workers.
+
 Across epochs
   A loader without persistent workers makes a new iterator per epoch; with autoscaling it
   starts with the process count the last one ended with (``loader.stats().processes``), not
-  from ``min_processes`` again.
+  from ``min_processes`` again. A persistent iterator's new epoch starts a new window at its
+  first batch (``new_epoch``): the wait at the epoch's start is not a stall more processes
+  or moves would cure.
 """
 
 from __future__ import annotations
@@ -285,16 +310,12 @@ class ElasticControl(NodeFollowing):
                 self._it._move(slot, ready[back])
                 undone.append((worker, at, back))
         self._moves.moved(now, undone, judged=False)
-        wait = max(0.0, self._moves.quiet_until() - now)
         if verdict.kept:
-            reason = f"kept move of workers {workers}: {verdict.reason}"
-        elif verdict.undo:
-            reason = (f"undid move of workers {sorted(w for w, _, _ in undone)}: "
-                      f"{verdict.reason}; next move after {wait:.0f} s")
-        else:
-            reason = f"move of workers {workers} not judged: {verdict.reason}; " \
-                     f"next move after {wait:.0f} s"
-        self.note(reason)
+            return self.note(f"kept move of workers {workers}: {verdict.reason}")
+        what = (f"undid move of workers {sorted(w for w, _, _ in undone)}" if verdict.undo
+                else f"move of workers {workers} not judged")
+        wait = max(0.0, self._moves.quiet_until() - now)
+        self.note(f"{what}: {verdict.reason}; next move after {wait:.0f} s")
 
     def _layout(self) -> tuple:
         """Which process (and node) hosts each logical worker: what evidence is of."""
