@@ -185,6 +185,30 @@ def test_a_move_whose_layout_ended_before_its_verdict_counts_as_a_failure():
     assert run.policy.failures == 1 and run.policy.quiet_until() > run.now
 
 
+def test_a_move_whose_drain_outlasted_its_epoch_is_never_judged_on_the_next_layout():
+    """The epoch ended while the move drained; the next iterator (no persistent workers)
+    starts from the default layout, whose windows must not pass for the move's: the move is
+    over unjudged at once, and nothing is undone."""
+    run = Run()
+    settle_before_move(run)
+    run.policy.moved(run.now, [(0, 1, 2)])
+    run.window("after", 3.0, settled=False)
+    run.policy.epoch_started(layout_reset=True)
+    verdict = run.window("before", 3.0)  # the new epoch's ramp window ends
+    assert verdict is not None and not verdict.kept and not verdict.undo
+    assert "epoch ended" in verdict.reason and run.policy.failures == 1
+    # A persistent iterator's epoch keeps its layout: the judgement goes on after the ramp.
+    run.now = run.policy.quiet_until()
+    run.window("before", 10.0)
+    run.window("before", 10.0)
+    run.policy.moved(run.now, [(0, 1, 2)])
+    run.window("after", 3.0, settled=False)
+    run.policy.epoch_started()
+    assert run.window("after", 3.0) is None  # the ramp
+    run.window("after", 12.0)
+    assert run.window("after", 12.0).kept
+
+
 def test_a_worker_moves_at_most_once_a_minute():
     run = Run()
     run.policy.moved(100.0, [(3, "a", "b")], judged=False)  # onto a new process

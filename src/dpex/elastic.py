@@ -136,7 +136,7 @@ class ElasticControl(NodeFollowing):
         self._growth = growth if self._policy is not None else None
         # The loader's: it outlives this iterator, so evidence and rests span epochs.
         self._moves = moves if moves is not None else MovePolicy()
-        self._moves.epoch_started()
+        self._moves.epoch_started(layout_reset=True)  # workers start on w mod P again
         self._ramp = True  # this epoch's first window has not ended yet
         self._unsettled = False  # a move drained during this window
 

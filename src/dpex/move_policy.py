@@ -89,6 +89,7 @@ class _Judgement:
         self.before = before
         self.after: _Evidence | None = None  # from its first settled window
         self.unstalled = 0
+        self.ended = False  # its layout is gone (a new iterator starts from the default)
 
 
 class MovePolicy:
@@ -118,9 +119,13 @@ class MovePolicy:
 
     # ------------------------------------------------------------- observations
 
-    def epoch_started(self) -> None:
-        """An epoch begins: its first window is its ramp, not evidence."""
+    def epoch_started(self, layout_reset: bool = False) -> None:
+        """An epoch begins: its first window is its ramp, not evidence. ``layout_reset``: it
+        starts from the default layout (a loader without persistent workers), so a move
+        still being judged is over, unjudged."""
         self._ramp = True
+        if layout_reset and self._judging is not None:
+            self._judging.ended = True
 
     def window(self, now: float, layout: Hashable, elapsed_s: float, batches: int,
                stalled: bool, settled: bool) -> Verdict | None:
@@ -129,11 +134,13 @@ class MovePolicy:
         ``settled``: no move drained during it. Returns the verdict on the rebalancer's last
         move once there is one."""
         ramp, self._ramp = self._ramp, False
+        judging = self._judging
+        if judging is not None and judging.ended:
+            return self._close(now, False, (), "its epoch ended before it could be judged")
         if ramp or not settled:
             return None
         if self._evidence is None or self._evidence.layout != layout:
             self._evidence = _Evidence(layout)
-        judging = self._judging
         if judging is not None:
             if judging.after is None:
                 judging.after = self._evidence
