@@ -19,13 +19,17 @@ class Run:
         self.policy = policy or MovePolicy()
         self.now = 0.0
         self.verdicts = []
+        self.ramp = False
 
     def epoch(self) -> None:
-        self.policy.epoch_started()
+        """An epoch starts: the next window holds its ramp."""
+        self.ramp = True
 
     def window(self, layout, rate: float, stalled: bool = True, settled: bool = True):
         self.now += 2.0
-        verdict = self.policy.window(self.now, layout, 2.0, round(rate * 2.0), stalled, settled)
+        ramp, self.ramp = self.ramp, False
+        verdict = self.policy.window(self.now, layout, 2.0, round(rate * 2.0), stalled, settled,
+                                     ramp=ramp)
         if verdict is not None:
             self.verdicts.append(verdict)
         return verdict
@@ -164,10 +168,25 @@ def test_a_move_is_kept_when_the_loop_stops_waiting():
     run.policy.moved(run.now, [(0, "p0", "p1")])
     run.window("after", 4.0, settled=False)
     verdicts = [run.window("after", 4.0, stalled=False)
-                for _ in range(move_policy.MAX_UNSTALLED)]
-    assert verdicts[:-1] == [None] * (move_policy.MAX_UNSTALLED - 1)
+                for _ in range(move_policy.MAX_UNJUDGED)]
+    assert verdicts[:-1] == [None] * (move_policy.MAX_UNJUDGED - 1)
     assert verdicts[-1].kept and not verdicts[-1].undo
-    assert "no longer waits" in verdicts[-1].reason
+    assert "did not wait" in verdicts[-1].reason and run.policy.may_move(run.now) is False
+
+
+def test_a_move_is_kept_when_every_window_holds_an_epochs_ramp():
+    """Persistent epochs shorter than a window: no window is evidence, so the move could be
+    judged never; it is kept after a while, and no longer holds back the next one."""
+    run = Run()
+    settle_before_move(run)
+    run.policy.moved(run.now, [(0, "p0", "p1")])
+    run.window("after", 4.0, settled=False)
+    for _ in range(move_policy.MAX_UNJUDGED - 1):
+        run.epoch()
+        assert run.window("after", 4.0) is None
+    run.epoch()
+    verdict = run.window("after", 4.0)
+    assert verdict.kept and not run.policy.judging
 
 
 def test_a_move_whose_layout_ended_before_its_verdict_counts_as_a_failure():
@@ -193,7 +212,8 @@ def test_a_move_whose_drain_outlasted_its_epoch_is_never_judged_on_the_next_layo
     settle_before_move(run)
     run.policy.moved(run.now, [(0, 1, 2)])
     run.window("after", 3.0, settled=False)
-    run.policy.epoch_started(layout_reset=True)
+    run.policy.layout_reset()
+    run.epoch()
     verdict = run.window("before", 3.0)  # the new epoch's ramp window ends
     assert verdict is not None and not verdict.kept and not verdict.undo
     assert "epoch ended" in verdict.reason and run.policy.failures == 1
@@ -203,7 +223,7 @@ def test_a_move_whose_drain_outlasted_its_epoch_is_never_judged_on_the_next_layo
     run.window("before", 10.0)
     run.policy.moved(run.now, [(0, 1, 2)])
     run.window("after", 3.0, settled=False)
-    run.policy.epoch_started()
+    run.epoch()
     assert run.window("after", 3.0) is None  # the ramp
     run.window("after", 12.0)
     assert run.window("after", 12.0).kept
@@ -248,13 +268,12 @@ def simulate(true_rates: dict, rebalance: bool, windows: int = 1000,
     layout, now, batches, moves, draining = "good", 0.0, 0.0, 0, False
     noise = noise or [1.0]
     for i in range(windows):
-        if i % 40 == 0:
-            policy.epoch_started()
         now += 2.0
         rate = true_rates[layout] * noise[i % len(noise)] * (0.5 if draining else 1.0)
         got = round(rate * 2.0)
         batches += got
-        verdict = policy.window(now, layout, 2.0, got, stalled=True, settled=not draining)
+        verdict = policy.window(now, layout, 2.0, got, stalled=True, settled=not draining,
+                                ramp=i % 40 == 0)  # epochs of 80 s
         draining = False
         if verdict is not None and verdict.undo:
             policy.moved(now, verdict.undo, judged=False)

@@ -54,14 +54,15 @@ Moves that only help (move_policy.py, ``MovePolicy``: the rules and their consta
   processes read at a third of their speed, and a move onto the trainer's busy core made
   the loader slower), so the rebalancer's moves answer to the loader's own throughput:
   batches/s over the windows in which the loop stalled (when it does not wait, the loader is
-  not the bottleneck), no move drained, and that are not an epoch's first window (its ramp:
-  replicas begin, the prefetch fills, the epoch's start waits; the processes' speeds are
-  measured afresh after it). Such windows of one layout add up across epochs. A move is
-  planned only on two of them (20 batches); the same evidence of the layout it made, after
-  its drain, judges it: lower by over 2%, it is undone once (the undo is not judged) and the
-  next move waits 30 s, doubling with each failure in a row (at most 8 min); a move whose
-  layout ended unjudged (a loader without persistent workers starts each epoch from the
-  default layout) counts as a failure. One judgement at a time. A logical worker moves at
+  not the bottleneck), no move drained, and no epoch's ramp came (its first 2 batches per
+  worker, torch's prefetch: replicas begin, the loop waits for the first batches; the
+  processes' speeds are measured afresh after it). Such windows of one layout add up across
+  epochs, so short epochs are judged over several. A move is planned only on two of them
+  (20 batches); the same evidence of the layout it made, after its drain, judges it: lower
+  by over 2%, it is undone once (the undo is not judged) and the next move waits 30 s,
+  doubling with each failure in a row (at most 8 min); a move whose layout ended unjudged
+  (a loader without persistent workers starts each epoch from the default layout) counts as
+  a failure. One judgement at a time. A logical worker moves at
   most once a minute (no flip-flop between processes of about one speed), but for the undo
   of a bad move: waiting a minute on a layout measured slower is what the rules prevent.
   Moves the autoscaler and node following make (onto new processes, out of retiring ones,
@@ -74,9 +75,7 @@ Moves that only help (move_policy.py, ``MovePolicy``: the rules and their consta
 Across epochs
   A loader without persistent workers makes a new iterator per epoch; with autoscaling it
   starts with the process count the last one ended with (``loader.stats().processes``), not
-  from ``min_processes`` again. A persistent iterator's new epoch starts a new window at its
-  first batch (``new_epoch``): the wait at the epoch's start is not a stall more processes
-  or moves would cure.
+  from ``min_processes`` again.
 """
 
 from __future__ import annotations
@@ -104,6 +103,7 @@ _MIN_GAIN = 1.3
 _WINDOW_S = 2.0  # without autoscaling
 _MIN_SAMPLES = 5  # tasks a process must have run before its speed is trusted
 _DRIFT = 0.05  # per window, how far an empty process's speed drifts toward the others'
+_RAMP_BATCHES = 2  # per logical worker: an epoch's first batches (torch's prefetch) are its ramp
 
 
 class ElasticControl(NodeFollowing):
@@ -136,8 +136,7 @@ class ElasticControl(NodeFollowing):
         self._growth = growth if self._policy is not None else None
         # The loader's: it outlives this iterator, so evidence and rests span epochs.
         self._moves = moves if moves is not None else MovePolicy()
-        self._moves.epoch_started(layout_reset=True)  # workers start on w mod P again
-        self._ramp = True  # this epoch's first window has not ended yet
+        self._moves.layout_reset()  # this iterator's workers start on w mod P again
         self._unsettled = False  # a move drained during this window
 
     def initial_processes(self) -> int:
@@ -147,13 +146,6 @@ class ElasticControl(NodeFollowing):
             return max(self._policy.min_processes,
                        min(self._start_count, self._policy.max_processes))
         return self._policy.initial()
-
-    def new_epoch(self) -> None:
-        """A persistent iterator starts another epoch: its first window starts at the first
-        batch, and is its ramp (not evidence, and its tasks are not the processes' speed)."""
-        self._last = None
-        self._ramp = True
-        self._moves.epoch_started()
 
     def note(self, reason: str) -> None:
         count = len(self._live())
@@ -190,12 +182,13 @@ class ElasticControl(NodeFollowing):
                         tuple(p.speed() for p in procs))
         stalled = window.wait_s / window.elapsed_s > _STALLED
         settled, self._unsettled = not self._unsettled and not self._moving(), self._moving()
+        # Part of an epoch's ramp: its first batches came in this window.
+        ramp = stats.epoch_batches - window.batches < _RAMP_BATCHES * self._num_workers
         verdict = self._moves.window(now, self._layout(), window.elapsed_s, window.batches,
-                                     stalled, settled)
+                                     stalled, settled, ramp)
         if verdict is not None:
             self._judged(verdict, now)
-        if self._ramp:  # the ramp's tasks are not the processes' speed: measure afresh
-            self._ramp = False
+        if ramp:  # the ramp's tasks are not the processes' speed: measured afresh after it
             for proc in procs:
                 if self._it._hosted(proc):
                     proc.restart_measurement()

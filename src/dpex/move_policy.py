@@ -9,9 +9,9 @@ help"):
 
 Evidence
   A window (the elastic control's measurement interval) is evidence of a *layout* (which
-  process hosts each logical worker, as the caller names it) when it is not an epoch's
-  first window (the ramp: replicas begin, the prefetch fills, the wait at an epoch's start),
-  no move drained during it, and the training loop stalled in it (waited more than 5%):
+  process hosts each logical worker, as the caller names it) when it holds no part of an
+  epoch's ramp (its first tasks: replicas begin, the prefetch fills, the loop waits for the
+  first batches), no move drained during it, and the training loop stalled in it:
   only then is the loader the bottleneck, and the batches it delivered per second its
   throughput. A layout's throughput is read over its last ``KEEP_WINDOWS`` evidence windows,
   whichever epochs they came from: short epochs add up.
@@ -27,8 +27,9 @@ Was it good (``window`` returns a ``Verdict``)
   is undone, once (the undo is not judged again), and the backoff grows: the next move waits
   ``BACKOFF_S`` after the undo, doubling with each failure in a row, up to
   ``MAX_BACKOFF_S``. Otherwise it is kept, and one that did not lower the throughput resets
-  the backoff. The loop no longer stalls (``MAX_UNSTALLED`` settled windows without enough
-  evidence): the loader is not the bottleneck, the move is kept. The layout changed before
+  the backoff. ``MAX_UNJUDGED`` settled windows that are no evidence (the loop no longer
+  stalls: the loader is not the bottleneck; or epochs shorter than a window, each one a
+  ramp) and the move is kept. The layout changed before
   the verdict (an epoch without persistent workers starts from the default layout again,
   processes were added or retired): the move could not be shown to help, and counts as a
   failure for the backoff (there is nothing left to undo).
@@ -45,7 +46,7 @@ MIN_WINDOWS = 2  # evidence windows of a layout before a move is planned, or jud
 MIN_BATCHES = 20  # and as many batches delivered in them
 KEEP_WINDOWS = 8  # a layout's throughput: over its last this many evidence windows
 TOLERANCE = 0.02  # a move that lowered the throughput by more than this is undone
-MAX_UNSTALLED = 5  # settled windows without a stall after which a move is kept unjudged
+MAX_UNJUDGED = 5  # settled windows without evidence after which a move is kept unjudged
 WORKER_REST_S = 60.0  # a logical worker moves at most once in this many seconds
 BACKOFF_S = 30.0  # after an undone (or unproven) move, the next waits this long, doubling
 MAX_BACKOFF_S = 480.0
@@ -88,7 +89,7 @@ class _Judgement:
         self.moves = tuple(moves)
         self.before = before
         self.after: _Evidence | None = None  # from its first settled window
-        self.unstalled = 0
+        self.idle = 0  # settled windows since the move that were no evidence
         self.ended = False  # its layout is gone (a new iterator starts from the default)
 
 
@@ -97,8 +98,8 @@ class MovePolicy:
     planned, which workers must rest, and whether the last move is to be undone.
 
     >>> policy = MovePolicy()
-    >>> policy.epoch_started()
-    >>> for t in (2.0, 4.0, 6.0):  # the ramp, then two stalled windows at 10 batches/s
+    >>> _ = policy.window(2.0, "a", 2.0, 20, stalled=True, settled=True, ramp=True)
+    >>> for t in (4.0, 6.0):  # two stalled windows at 10 batches/s
     ...     _ = policy.window(t, "a", 2.0, 20, stalled=True, settled=True)
     >>> policy.may_move(6.0)
     True
@@ -110,7 +111,6 @@ class MovePolicy:
     """
 
     def __init__(self) -> None:
-        self._ramp = False
         self._evidence: _Evidence | None = None  # of the current layout
         self._judging: _Judgement | None = None
         self._failures = 0  # undone or unproven moves in a row
@@ -119,25 +119,26 @@ class MovePolicy:
 
     # ------------------------------------------------------------- observations
 
-    def epoch_started(self, layout_reset: bool = False) -> None:
-        """An epoch begins: its first window is its ramp, not evidence. ``layout_reset``: it
-        starts from the default layout (a loader without persistent workers), so a move
-        still being judged is over, unjudged."""
-        self._ramp = True
-        if layout_reset and self._judging is not None:
+    def layout_reset(self) -> None:
+        """A new iterator starts its workers on the default layout (a loader without
+        persistent workers): a move still being judged is over, unjudged."""
+        if self._judging is not None:
             self._judging.ended = True
 
     def window(self, now: float, layout: Hashable, elapsed_s: float, batches: int,
-               stalled: bool, settled: bool) -> Verdict | None:
+               stalled: bool, settled: bool, ramp: bool = False) -> Verdict | None:
         """One window ended at ``now``: ``batches`` delivered in ``elapsed_s``, with the
         workers laid out as ``layout`` at its end; ``stalled``: the loop waited in it;
-        ``settled``: no move drained during it. Returns the verdict on the rebalancer's last
-        move once there is one."""
-        ramp, self._ramp = self._ramp, False
+        ``settled``: no move drained during it; ``ramp``: it holds part of an epoch's ramp.
+        Returns the verdict on the rebalancer's last move once there is one."""
         judging = self._judging
         if judging is not None and judging.ended:
             return self._close(now, False, (), "its epoch ended before it could be judged")
-        if ramp or not settled:
+        if not settled:
+            return None
+        if ramp:
+            if judging is not None:
+                return self._without_evidence(now, judging)
             return None
         if self._evidence is None or self._evidence.layout != layout:
             self._evidence = _Evidence(layout)
@@ -152,10 +153,7 @@ class MovePolicy:
         if judging is None:
             return None
         if not stalled:
-            judging.unstalled += 1
-            if judging.unstalled >= MAX_UNSTALLED and not judging.after.enough():
-                return self._close(now, True, (), "the training loop no longer waits")
-            return None
+            return self._without_evidence(now, judging)
         if not judging.after.enough():
             return None
         before, after = judging.before, judging.after.rate()
@@ -203,6 +201,16 @@ class MovePolicy:
         return self._quiet_until
 
     # ------------------------------------------------------------- internals
+
+    def _without_evidence(self, now: float, judging: _Judgement) -> Verdict | None:
+        """A settled window that says nothing of the move (the loop did not wait, or an
+        epoch ramped up in it): after ``MAX_UNJUDGED`` of them the move is kept."""
+        judging.idle += 1
+        if judging.idle < MAX_UNJUDGED or (judging.after is not None and judging.after.enough()):
+            return None
+        return self._close(now, True, (), f"no evidence against it in {judging.idle} windows "
+                                          "(the training loop did not wait, or its epochs "
+                                          "were shorter than a window)")
 
     def _close(self, now: float, kept: bool, undo: tuple, reason: str,
                helped: bool = False) -> Verdict:

@@ -218,8 +218,6 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             itertools.cycle(range(self._num_workers)), skip % self._num_workers, None)
         self._record.delivered = skip
         self._stats.start_epoch()
-        if not first_iter:
-            self._elastic.new_epoch()
         self._timeline.start_epoch()
         for slot in self._slots:
             slot.active = True
