@@ -62,9 +62,9 @@ Moves that only help (move_policy.py, ``MovePolicy``: the rules and their consta
   by over 2%, it is undone once (the undo is not judged) and the next move waits 30 s,
   doubling with each failure in a row (at most 8 min); a move whose layout ended unjudged
   (a loader without persistent workers starts each epoch from the default layout) counts as
-  a failure. One judgement at a time. A logical worker moves at
-  most once a minute (no flip-flop between processes of about one speed), but for the undo
-  of a bad move: waiting a minute on a layout measured slower is what the rules prevent.
+  a failure. One judgement at a time. A logical worker moves at most once a minute (no
+  flip-flop between processes of about one speed), but for the undo of a bad move: waiting
+  a minute on a layout measured slower is what the rules prevent.
   Moves the autoscaler and node following make (onto new processes, out of retiring ones,
   a new node's swap) are their own decisions: not judged here (the autoscaler judges its
   steps by the throughput: its ceiling), and not held back (a retire must empty its process

@@ -11,9 +11,8 @@ Evidence
   A window (the elastic control's measurement interval) is evidence of a *layout* (which
   process hosts each logical worker, as the caller names it) when it holds no part of an
   epoch's ramp (its first tasks: replicas begin, the prefetch fills, the loop waits for the
-  first batches), no move drained during it, and the training loop stalled in it:
-  only then is the loader the bottleneck, and the batches it delivered per second its
-  throughput. A layout's throughput is read over its last ``KEEP_WINDOWS`` evidence windows,
+  first batches), no move drained during it, and the training loop stalled in it: only then
+  is the loader the bottleneck, and the batches it delivered per second its throughput. A layout's throughput is read over its last ``KEEP_WINDOWS`` evidence windows,
   whichever epochs they came from: short epochs add up.
 May a move be planned (``may_move``)
   Only with ``MIN_WINDOWS`` evidence windows and ``MIN_BATCHES`` batches of the current
@@ -27,12 +26,12 @@ Was it good (``window`` returns a ``Verdict``)
   is undone, once (the undo is not judged again), and the backoff grows: the next move waits
   ``BACKOFF_S`` after the undo, doubling with each failure in a row, up to
   ``MAX_BACKOFF_S``. Otherwise it is kept, and one that did not lower the throughput resets
-  the backoff. ``MAX_UNJUDGED`` settled windows that are no evidence (the loop no longer
-  stalls: the loader is not the bottleneck; or epochs shorter than a window, each one a
-  ramp) and the move is kept. The layout changed before
-  the verdict (an epoch without persistent workers starts from the default layout again,
-  processes were added or retired): the move could not be shown to help, and counts as a
-  failure for the backoff (there is nothing left to undo).
+  the backoff. After ``MAX_UNJUDGED`` settled windows that are no evidence (the loop no
+  longer stalls: the loader is not the bottleneck; or epochs shorter than a window, each
+  window a ramp) the move is kept. The layout changed before the verdict (a loader without
+  persistent workers starts each epoch from the default layout, ``layout_reset``; processes
+  were added or retired): the move could not be shown to help, and counts as a failure for
+  the backoff (there is nothing left to undo).
 """
 
 from __future__ import annotations
