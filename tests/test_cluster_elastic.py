@@ -4,6 +4,7 @@ loader for the same seed and ``num_workers``: the batches must be bitwise identi
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -97,6 +98,8 @@ def test_workers_move_off_a_slow_node(cluster):
     stats = dpex_against_torch(dataset, batch_size=4, num_workers=4, shuffle=True)
     assert stats.moves >= 2, stats.scaling_events
     assert any("moved workers" in e.reason for e in stats.scaling_events)
+    # The moves raised the throughput: none was undone.
+    assert not any(e.reason.startswith("undid") for e in stats.scaling_events), stats.scaling_events
     # Processes were placed by CPUs (one node each); most batches came from the fast one.
     assert stats.per_node.get(slow, 0) < stats.batches / 2
 
@@ -104,13 +107,49 @@ def test_workers_move_off_a_slow_node(cluster):
 def test_workers_move_off_a_node_whose_results_arrive_slowly(cluster):
     # Every process is equally fast inside its tasks; the worker node's results take 40 ms
     # more each to leave it. Judged by busy time alone nothing would move (issue 18).
+    # 1500 batches: the rebalancer moves only after the epoch's first window (its ramp) and
+    # two windows of evidence, and the assertion below needs batches after that.
     slow = next(iter(cluster.worker_nodes)).node_id
-    dataset = SlowOnOneNode(2000, slow_node=None, slow_s=0, fast_s=0.001)
+    dataset = SlowOnOneNode(6000, slow_node=None, slow_s=0, fast_s=0.001)
     stats = dpex_against_torch(dataset, reference_collate=CollateThenSendSlowly(None, 0),
                                batch_size=4, num_workers=4, shuffle=True,
                                collate_fn=CollateThenSendSlowly(slow, 0.04))
     assert stats.moves >= 1, stats.scaling_events
     assert stats.per_node.get(slow, 0) < stats.batches / 2, (stats.per_node, stats.scaling_events)
+
+
+def rebalancer_moves(events) -> list[tuple[float, int]]:
+    """(at_s, worker) for each worker the rebalancer moved, from ``scaling_events``."""
+    moves = []
+    for event in events:
+        found = re.match(r"moved workers \[([\d, ]*)\] toward faster", event.reason)
+        if found:
+            moves += [(event.at_s, int(w)) for w in found.group(1).split(",")]
+    return moves
+
+
+def test_short_epochs_without_persistent_workers_move_no_worker_twice_a_minute(cluster):
+    """Five epochs of about 5 s, each a new iterator that starts from the default layout
+    (workers w mod 4 on the 4 processes, two on the slow node). Evidence adds up across
+    epochs, so the rebalancer moves; the epoch then ends before the move can be judged, so
+    it backs off (30 s) instead of moving again in every epoch."""
+    slow = next(iter(cluster.worker_nodes)).node_id
+    dataset = SlowOnOneNode(640, slow_node=slow, slow_s=0.03, fast_s=0.002)
+    kwargs = dict(batch_size=4, num_workers=4, shuffle=True)
+    ref = torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
+                                      multiprocessing_context=REFERENCE_CONTEXT, **kwargs)
+    expected = [b for _ in range(5) for b in ref]
+    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(5),
+                             distribute_mode=True, **kwargs)
+    assert_batches_equal(expected, [b for _ in range(5) for b in loader])
+    events = loader.stats().scaling_events
+    moves = rebalancer_moves(events)
+    assert moves, events
+    for at, worker in moves:
+        assert not any(w == worker and at < t < at + 60 for t, w in moves), events
+    assert any("not judged: its epoch ended" in e.reason for e in events), events
+    rounds = sorted({at for at, _ in moves})  # each round after the last one's backoff
+    assert all(later - earlier >= 30 for earlier, later in zip(rounds, rounds[1:])), events
 
 
 def test_a_node_that_joins_mid_epoch_is_used(cluster):

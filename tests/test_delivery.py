@@ -6,7 +6,7 @@ import pytest
 
 from dpex.delivery import MIN_CALLS, OVERDUE_FACTOR, DeliveryRecord, judged, speed
 from dpex.process_handle import ProcessHandle
-from dpex.scaling import plan_moves, without_reversals
+from dpex.scaling import plan_moves
 
 pytestmark = pytest.mark.no_ray_start_record
 
@@ -88,18 +88,13 @@ def test_rebalancer_moves_workers_off_a_process_that_computes_fast_but_delivers_
     assert by_delivery and all(src == 0 and dst == 1 for _, src, dst in by_delivery)
 
 
-def test_equal_delivery_with_noise_moves_nothing_and_a_move_is_never_undone_at_once():
+def test_equal_delivery_with_noise_moves_nothing():
     # Two processes within the 1.3x margin of each other: no move however the noise falls.
+    # (A worker that did move does not move again within a minute: tests/test_move_policy.py.)
     for a, b in ((0.20, 0.24), (0.24, 0.20)):
         procs = [_process(0, 0.1, a), _process(1, 0.1, b)]
         assert plan_moves([p.speed() for p in procs], [[0, 2], [1, 3]], {0, 1, 2, 3},
                           1.3) == []
-    # After worker 3 moved from process 1 to 0, a reading that would send it back within
-    # the cooldown is dropped; one to a third process is not.
-    recent = [(100.0, 3, "p1", "p0")]
-    assert without_reversals([(3, "p0", "p1"), (3, "p0", "p2")], recent, 110.0, 30.0) == [
-        (3, "p0", "p2")]
-    assert without_reversals([(3, "p0", "p1")], recent, 131.0, 30.0) == [(3, "p0", "p1")]
 
 
 def test_an_idle_process_drifts_toward_the_others_and_is_measured_afresh():

@@ -167,6 +167,56 @@ def test_autoscaling_gives_processes_back_when_the_loop_waits_only_for_the_loade
     assert stats.stall_s < stats.wait_s
 
 
+class SlowWorkerOnProcess(AugmentedDataset):
+    """Samples of ``delay_s`` each; logical worker 1's take ``slow_s`` in the process whose
+    pid the file ``marker`` names (its data far from that process, say). The sleep never
+    changes a sample."""
+
+    def __init__(self, n: int, delay_s: float, slow_s: float, marker: str) -> None:
+        super().__init__(n)
+        self.delay_s, self.slow_s, self.marker = delay_s, slow_s, marker
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        slow = (info is not None and info.id == 1 and os.path.exists(self.marker)
+                and open(self.marker).read() == str(os.getpid()))
+        time.sleep(self.slow_s if slow else self.delay_s)
+        return super().__getitem__(i)
+
+
+def test_a_move_that_lowered_the_throughput_is_undone_and_the_next_backs_off(tmp_path):
+    marker = tmp_path / "slow_pid"
+    dataset = SlowWorkerOnProcess(1200, delay_s=0.02, slow_s=0.15, marker=str(marker))
+    expected = list(loader(False, dataset, batch_size=2))
+    dl = loader(True, dataset, dpex.WorkerOptions(num_processes=2), batch_size=2)
+    it = iter(dl)
+    control, batches = it._elastic, []
+    # The loop takes each batch as it comes (it stalls): the ramp, then the evidence of the
+    # layout, before the rebalancer may move.
+    while not control._moves.may_move(time.monotonic()):
+        batches.append(next(it))
+    assert len(batches) < 400, "no evidence for a move in 400 batches"
+    # A move as the rebalancer would make it, onto the process where worker 1 crawls.
+    slot = it._slots[1]
+    src = slot.process
+    dest = next(p for p in it._procs if p is not src)
+    marker.write_text(str(ray.get(dest.actor.ready.remote())[1]))
+    it._move(slot, dest)
+    control._moves.moved(time.monotonic(), [(1, src.serial, dest.serial)])
+    undone_at = None
+    for batch in it:
+        batches.append(batch)
+        if undone_at is None and slot.process is src and slot.moving_to is None:
+            undone_at = len(batches)
+    assert_batches_equal(expected, batches)
+    events = [e.reason for e in dl.stats().scaling_events]
+    assert any(r.startswith("undid move of workers [1]: throughput fell") for r in events), events
+    assert undone_at is not None, events
+    # The backoff: no other move in the rest of the epoch.
+    assert not any(r.startswith("moved workers") for r in events), events
+    assert control._moves.failures == 1 and dl.stats().moves == 2
+
+
 class Niceness(Dataset):
     def __len__(self) -> int:
         return 4

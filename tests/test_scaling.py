@@ -139,27 +139,3 @@ def test_policy_with_a_wait_longer_than_its_window_scales_up_to_what_helps():
     decision = policy.decide(Window(2.0, 2.7, 3, (1.5,)), current=1, capacity=4)
     assert decision.processes == 4
     assert "more batches" in decision.reason and "inf" not in decision.reason
-
-
-def test_a_worker_does_not_move_back_to_a_process_it_just_left():
-    from dpex.scaling import without_reversals
-
-    # Worker 3 moved a -> b at t=100; noisy speeds now favour a again.
-    recent = [(100.0, 3, "a", "b")]
-    back = [(3, "b", "a"), (1, "b", "a")]
-    assert without_reversals(back, recent, now=110.0, cooldown_s=30.0) == [(1, "b", "a")]
-    assert without_reversals(back, recent, now=131.0, cooldown_s=30.0) == back  # cooled down
-    # Two processes of about the same speed: however the estimates flip, window after window,
-    # each worker moves at most once within the cooldown.
-    speeds = [[1.0, 0.7], [0.7, 1.0]] * 5
-    hosted = [[0, 1], [2, 3]]
-    recent, moved = [], []
-    for window, (fast, slow) in enumerate(speeds):
-        planned = plan_moves([fast, slow], hosted, {0, 1, 2, 3}, min_gain=1.0)
-        moves = without_reversals(planned, recent, now=float(window), cooldown_s=30.0)
-        for worker, src, dst in moves:
-            hosted[src].remove(worker)
-            hosted[dst].append(worker)
-            recent.append((float(window), worker, src, dst))
-            moved.append(worker)
-    assert len(moved) == len(set(moved)), moved

@@ -23,6 +23,7 @@ from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 from dpex import compat
 from dpex.cache import Cache
 from dpex.integrations import rebuilt
+from dpex.move_policy import MovePolicy
 from dpex.placement import WorkerOptions
 from dpex.ray_metrics import LoaderMetrics, default_name
 from dpex.resume import (
@@ -124,6 +125,7 @@ class DataLoader(TorchDataLoader):
         self._resume_sampler: _ResumingIndexSampler | None = None
         self._ray_iterator = None
         self._growth = None  # this loader's ask to the cluster's autoscaler (cluster_growth)
+        self._move_policy = MovePolicy()  # the rebalancer's evidence and rests, across epochs
         self._torch_persistent_started = False
         # torch before 2.6 has no ``in_order`` and yields in order: take it only where torch
         # does, so that passing it to an older torch fails as torch's own loader would.

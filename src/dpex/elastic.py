@@ -33,7 +33,8 @@ What decides (this module, on the training thread, at most once per window)
     CPUs), at most what its CPUs give (less the trainer's use, over the CPU seconds a task
     costs: speeds read while its processes took turns add up to more), then within nodes.
     A process left with no workers keeps its last measured speed, drifting back toward the
-    others' so it is tried again later (a busy node may have become free).
+    others' so it is tried again later (a busy node may have become free). What a planned
+    move must pass first, and after, is below ("Moves that only help").
   * New nodes (fixed process count): when the loop waits and a node joined that placement
     by CPUs would use, one process moves there: a new one starts on it (watched), then the
     process on the most crowded node retires into it. A node where a process of this loader
@@ -48,6 +49,29 @@ What decides (this module, on the training thread, at most once per window)
   over time (``process_timeline``), and what was asked of the autoscaler
   (``cluster_requests``).
 
+Moves that only help (move_policy.py, ``MovePolicy``: the rules and their constants)
+  A speed read over a few tasks can be wrong (under object-store pressure a node's
+  processes read at a third of their speed, and a move onto the trainer's busy core made
+  the loader slower), so the rebalancer's moves answer to the loader's own throughput:
+  batches/s over the windows in which the loop stalled (when it does not wait, the loader is
+  not the bottleneck), no move drained, and no epoch's ramp came (its first 2 batches per
+  worker, torch's prefetch: replicas begin, the loop waits for the first batches; the
+  processes' speeds are measured afresh after it). Such windows of one layout add up across
+  epochs, so short epochs are judged over several. A move is planned only on two of them
+  (20 batches); the same evidence of the layout it made, after its drain, judges it: lower
+  by over 2%, it is undone once (the undo is not judged) and the next move waits 30 s,
+  doubling with each failure in a row (at most 8 min); a move whose layout ended unjudged
+  (a loader without persistent workers starts each epoch from the default layout) counts as
+  a failure. One judgement at a time. A logical worker moves at most once a minute (no
+  flip-flop between processes of about one speed), but for the undo of a bad move: waiting
+  a minute on a layout measured slower is what the rules prevent.
+  Moves the autoscaler and node following make (onto new processes, out of retiring ones,
+  a new node's swap) are their own decisions: not judged here (the autoscaler judges its
+  steps by the throughput: its ceiling), and not held back (a retire must empty its process
+  whatever moved last); they count for the minute rule, and a layout they change starts its
+  evidence afresh. The policy is the loader's (``DataLoader._move_policy``): it outlives the
+  iterators of a loader without persistent workers.
+
 Across epochs
   A loader without persistent workers makes a new iterator per epoch; with autoscaling it
   starts with the process count the last one ended with (``loader.stats().processes``), not
@@ -61,10 +85,11 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from dpex.delivery import judged
+from dpex.move_policy import MovePolicy, Verdict
 from dpex.node_following import NodeFollowing
 from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
 from dpex.scaling import (AutoscalePolicy, Window, median, node_limit, plan_moves,
-                          processes_for, without_reversals)
+                          processes_for)
 
 if TYPE_CHECKING:
     from dpex.cluster_growth import ClusterGrowth
@@ -78,7 +103,7 @@ _MIN_GAIN = 1.3
 _WINDOW_S = 2.0  # without autoscaling
 _MIN_SAMPLES = 5  # tasks a process must have run before its speed is trusted
 _DRIFT = 0.05  # per window, how far an empty process's speed drifts toward the others'
-_REVERSAL_COOLDOWN_S = 30.0  # a worker does not move back to a process it left this recently
+_RAMP_BATCHES = 2  # per logical worker: an epoch's first batches (torch's prefetch) are its ramp
 
 
 class ElasticControl(NodeFollowing):
@@ -86,7 +111,8 @@ class ElasticControl(NodeFollowing):
     What follows the nodes (joins, the autoscaler) is in ``NodeFollowing``."""
 
     def __init__(self, it: ProcessLifecycle, options: WorkerOptions, num_workers: int,
-                 start_count: int | None, growth: ClusterGrowth | None = None) -> None:
+                 start_count: int | None, growth: ClusterGrowth | None = None,
+                 moves: MovePolicy | None = None) -> None:
         # ``it`` is the iterator (remote_iter.py), driven through its process half only.
         # A proxy, not a reference: the iterator must die when the user drops it (its
         # __del__ releases the processes), not wait for the cycle collector.
@@ -108,7 +134,10 @@ class ElasticControl(NodeFollowing):
         self._starved_nodes: set[str] = set()  # a process of this loader did not start there
         self._filling = False  # processes were added: move workers onto them once up
         self._growth = growth if self._policy is not None else None
-        self._recent_moves: list[tuple[float, int, Any, Any]] = []  # (when, worker, from, to)
+        # The loader's: it outlives this iterator, so evidence and rests span epochs.
+        self._moves = moves if moves is not None else MovePolicy()
+        self._moves.layout_reset()  # this iterator's workers start on w mod P again
+        self._unsettled = False  # a move drained during this window
 
     def initial_processes(self) -> int:
         if self._policy is None:
@@ -126,6 +155,7 @@ class ElasticControl(NodeFollowing):
         """Called by the iterator after each batch and while it waits; acts once a window."""
         stats = self._it._stats
         now = time.monotonic()
+        self._unsettled = self._unsettled or self._moving()
         if self._filling and self._fill_new_processes():  # as soon as they answer
             return
         if self._growth is not None:
@@ -150,6 +180,18 @@ class ElasticControl(NodeFollowing):
             return
         window = Window(now - started, stats.stall_s - wait0, stats.batches - batches0,
                         tuple(p.speed() for p in procs))
+        stalled = window.wait_s / window.elapsed_s > _STALLED
+        settled, self._unsettled = not self._unsettled and not self._moving(), self._moving()
+        # Part of an epoch's ramp: its first batches came in this window.
+        ramp = stats.epoch_batches - window.batches < _RAMP_BATCHES * self._num_workers
+        verdict = self._moves.window(now, self._layout(), window.elapsed_s, window.batches,
+                                     stalled, settled, ramp)
+        if verdict is not None:
+            self._judged(verdict, now)
+        if ramp:  # the ramp's tasks are not the processes' speed: measured afresh after it
+            for proc in procs:
+                if self._it._hosted(proc):
+                    proc.restart_measurement()
         self._drift_idle_speeds(procs)
         if self._policy is not None:
             capacity = self._it._picker.capacity(len(procs))
@@ -159,8 +201,8 @@ class ElasticControl(NodeFollowing):
                 self._scale(len(procs), decision.processes, decision.reason)
                 return
             self._withdraw_unmet_ask(window, len(procs))
-        stalled = window.wait_s / window.elapsed_s > _STALLED
-        if stalled and self._options.rebalance and self._ready_to_move():
+        if (stalled and self._options.rebalance and self._moves.may_move(now)
+                and self._ready_to_move()):
             self._rebalance(_MIN_GAIN)
         if stalled and self._policy is None and self._swap is None:
             self._follow_new_nodes()
@@ -205,22 +247,26 @@ class ElasticControl(NodeFollowing):
             self._retire(old, prefer=new)
             return True
         if any(p.samples == 0 for p in empty) and len(empty) < len(procs):
-            return bool(self._rebalance(min_gain=1.0, why="onto new processes"))
+            return bool(self._rebalance(min_gain=1.0, why="onto new processes", judged=False))
         return False
 
-    def _rebalance(self, min_gain: float, why: str = "toward faster processes") -> int:
+    def _rebalance(self, min_gain: float, why: str = "toward faster processes",
+                   judged: bool = True) -> int:
+        """Plan and start moves. ``judged``: the rebalancer's own (workers that moved within
+        the last minute stay, and the move is judged by the throughput after it); filling
+        new processes is the autoscaler's decision, not judged here."""
         procs = [p for p in self._live() if p.ready_ref is None]
         hosted = [[s.worker_id for s in self._it._hosted(p)] for p in procs]
-        movable = {s.worker_id for s in self._it._slots if self._it._movable(s)}
+        now = time.monotonic()
+        resting = self._moves.resting(now) if judged else set()
+        movable = {s.worker_id for s in self._it._slots
+                   if self._it._movable(s) and s.worker_id not in resting}
         planned = plan_moves([p.speed() for p in procs], hosted, movable, min_gain,
                              nodes=[p.node_id for p in procs], limits=self._node_limits(procs))
-        now = time.monotonic()
-        self._recent_moves = [m for m in self._recent_moves if now - m[0] < _REVERSAL_COOLDOWN_S]
-        moves = without_reversals([(w, procs[s], procs[d]) for w, s, d in planned],
-                                  self._recent_moves, now, _REVERSAL_COOLDOWN_S)
-        for worker_id, src, dst in moves:
+        moves = [(w, procs[s], procs[d]) for w, s, d in planned]
+        for worker_id, _, dst in moves:
             self._it._move(self._it._slots[worker_id], dst)
-            self._recent_moves.append((now, worker_id, src, dst))
+        self._moves.moved(now, [(w, s.serial, d.serial) for w, s, d in moves], judged=judged)
         if moves:
             speeds = ", ".join(f"process {p.serial}: "
                                + (f"{p.speed():.1f}/s" if p.speed() > 0 else "new") for p in procs)
@@ -244,6 +290,31 @@ class ElasticControl(NodeFollowing):
                 limits[node] = limit
         return limits
 
+    def _judged(self, verdict: Verdict, now: float) -> None:
+        """Log the verdict on the rebalancer's last move; undo it if it lowered the
+        throughput (the workers still where it put them go back, if their process is up)."""
+        workers = sorted(w for w, _, _ in verdict.moves)
+        ready = {p.serial: p for p in self._live() if p.ready_ref is None}
+        undone = []
+        for worker, at, back in verdict.undo:
+            slot = self._it._slots[worker]
+            if (back in ready and slot.process is not None and slot.process.serial == at
+                    and self._it._movable(slot)):
+                self._it._move(slot, ready[back])
+                undone.append((worker, at, back))
+        self._moves.moved(now, undone, judged=False)
+        if verdict.kept:
+            return self.note(f"kept move of workers {workers}: {verdict.reason}")
+        what = (f"undid move of workers {sorted(w for w, _, _ in undone)}" if verdict.undo
+                else f"move of workers {workers} not judged")
+        wait = max(0.0, self._moves.quiet_until() - now)
+        self.note(f"{what}: {verdict.reason}; next move after {wait:.0f} s")
+
+    def _layout(self) -> tuple:
+        """Which process (and node) hosts each logical worker: what evidence is of."""
+        return tuple((s.process.serial, s.process.node_id) if s.process is not None else None
+                     for s in self._it._slots)
+
     # ----------------------------------------------------------------- helpers
 
     def _retire(self, proc: ProcessHandle, prefer: ProcessHandle | None = None) -> None:
@@ -255,6 +326,7 @@ class ElasticControl(NodeFollowing):
         others = [p for p in self._live() if p.ready_ref is None]
         counts = {p: len(self._it._hosted(p)) for p in others}
         typical = median([p.speed() for p in others if p.speed() > 0]) if others else 0.0
+        moved = []
         for slot in [s for s in self._it._slots if s.process is proc]:
             if prefer is not None and prefer in counts:
                 dest = prefer
@@ -263,6 +335,8 @@ class ElasticControl(NodeFollowing):
                                                   -p.serial))
             counts[dest] += 1
             self._it._move(slot, dest)
+            moved.append((slot.worker_id, proc.serial, dest.serial))
+        self._moves.moved(time.monotonic(), moved, judged=False)  # they rest, all the same
         if not self._it._hosted(proc):
             self._it._drop_process(proc, reuse=True)
 

@@ -48,6 +48,14 @@ class ProcessHandle:
         unknown."""
         return speed(self.busy_s, self.delivery.seconds_per_task())
 
+    def restart_measurement(self) -> None:
+        """An epoch's ramp is over: its first tasks (replicas beginning, the whole prefetch
+        sent at once, the wait at the epoch's start) are not this process's speed. Its
+        speed is measured afresh from here; its CPU seconds per task are kept."""
+        self.busy_s = None
+        self.samples = 0
+        self.delivery = DeliveryRecord()
+
     def forget_session(self) -> None:
         """Its Ray session ended (NOTE [ dpex Handles Stay in Their Ray Session ])."""
         session_handles.keep(self.actor, self.ready_ref)

@@ -154,7 +154,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._proc_serial = 0
         self._elastic = ElasticControl(
             self, self._options, self._num_workers, start_count=self._stats.processes or None,
-            growth=None if self._local_active else loader._cluster_growth())
+            growth=None if self._local_active else loader._cluster_growth(),
+            moves=loader._move_policy)
         if self._local_active:
             self._start_locally(loader.dataset, self._raw_config,
                                 self._elastic.initial_processes())

@@ -289,21 +289,6 @@ def _moves_toward_allocation(speeds: Sequence[float], hosted: Sequence[Sequence[
     return moves
 
 
-def without_reversals(moves: Sequence[tuple[int, Any, Any]],
-                      recent: Sequence[tuple[float, int, Any, Any]], now: float,
-                      cooldown_s: float) -> list[tuple[int, Any, Any]]:
-    """``moves`` (worker, from, to) less those that would send a worker back to a process
-    it left less than ``cooldown_s`` ago (``recent``: (when, worker, from, to)). Speeds
-    measured over a few tasks are noisy: without this, a worker can move back and forth
-    between two processes of about the same speed, paying a drain each time.
-
-    >>> without_reversals([(3, "b", "a"), (1, "b", "c")], [(9.0, 3, "a", "b")], 10.0, 30.0)
-    [(1, 'b', 'c')]
-    """
-    left = {(worker, src) for at, worker, src, _ in recent if now - at < cooldown_s}
-    return [(w, src, dst) for w, src, dst in moves if (w, dst) not in left]
-
-
 def processes_for(num_workers: int, num_processes: int | None) -> int:
     """The fixed process count: ``num_processes``, or one per logical worker (torch's layout)."""
     if num_processes is None:
