@@ -163,3 +163,26 @@ def test_large_batches_in_a_small_store_stay_within_its_share(ray_local):
     assert stats.store_spilled_bytes is not None
     text = loader.timeline().summary()
     assert "waited for the object store" in text and "store " in text
+
+
+def test_the_rebalancer_does_not_move_workers_while_the_store_holds_tasks_back():
+    import time
+
+    from dpex.elastic import ElasticControl
+
+    class Iterator:  # what _ready_to_move reads of the iterator
+        _slots, _procs, _unarrived, _calls = [], [], {}, {}
+        _store = budget()
+
+        def _hosted(self, proc):
+            return []
+
+    it = Iterator()
+    control = ElasticControl(it, dpex.WorkerOptions(), num_workers=2, start_count=None)
+    assert control._ready_to_move()
+    it._store.hold([5], now=time.monotonic())
+    assert not control._ready_to_move()  # held back now
+    it._store.submitted(5, 0, "w", now=time.monotonic())
+    assert not control._ready_to_move()  # within the last window
+    it._store.last_held -= 10 * control._window_s
+    assert control._ready_to_move()
