@@ -135,21 +135,26 @@ def test_large_batches_in_a_small_store_stay_within_its_share(ray_local):
     # all of ray_local's store); its share allows 128 MiB, 16 batches at most.
     kwargs = dict(batch_size=8, num_workers=4, prefetch_factor=8, persistent_workers=True)
     dataset = LargeRandom(n=8 * 40, mib=1.0)
-    expected = []
-    reference = torch.utils.data.DataLoader(
+
+    def epochs(loader) -> list:
+        """A whole epoch, one broken off after 5 batches (its workers' read-ahead then
+        drains: held-back tasks too), and a whole epoch."""
+        batches = []
+        for stop in (None, 5, None):
+            for i, batch in enumerate(loader):
+                if i == stop:
+                    break
+                batches.append(batch)
+                del batch  # the loop holds one batch at a time
+        return batches
+
+    expected = epochs(torch.utils.data.DataLoader(
         dataset, generator=torch.Generator().manual_seed(7), multiprocessing_context="fork",
-        **kwargs)
-    for _ in range(2):
-        expected.extend(reference)
+        **kwargs))
     loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(7),
                              distribute_mode=True,
                              worker_options=dpex.WorkerOptions(local_start=False), **kwargs)
-    actual = []
-    for _ in range(2):
-        for batch in loader:
-            actual.append(batch)
-            del batch  # the loop holds one batch at a time
-    assert_batches_equal(expected, actual)
+    assert_batches_equal(expected, epochs(loader))
 
     stats = loader.stats()
     budget = stats.store_budget

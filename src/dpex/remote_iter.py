@@ -246,7 +246,14 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._sampler_iter = iter(())  # a replica's END must not dispatch more of that epoch
         self._submit_for(None)  # torch's workers would run what dpex still holds back
         while self._calls:
-            self._collect(next(iter(self._calls)), timeout=None)
+            ref = next(iter(self._calls))
+            task_ids = self._calls[ref][1]
+            self._collect(ref, timeout=None)
+            for task_id in task_ids:  # never handed out: only its RNG state is kept
+                if task_id in self._results:
+                    self._results[task_id].payload = None
+                self._store.released(task_id)
+            self._submit_for(None)  # what the object store's budget held back, as room frees
         self._rewind_read_ahead()
 
     def __iter__(self) -> _RayDataLoaderIter:
