@@ -21,7 +21,9 @@ The rule
   results end up); a process on the trainer's node counts there once. Its size is
   expected from the worker's recent results (``TaskResult.nbytes``: the tensors' bytes,
   measured by the worker), the largest of its last ``KEEP_SIZES``; a worker with none yet
-  expects what the others' results weigh; with no result seen at all, the size is unknown.
+  expects what the others' results weigh; with no result seen at all, the size is unknown
+  (those tasks count as the first size learned, once it is). The sizes are kept on the
+  loader, from one epoch and iterator to the next.
   A pending task is submitted only while, with it, the bytes in flight from its node stay
   within ``SHARE`` of that node's store, and those in flight in all stay within ``SHARE``
   of the trainer's node's store, and no earlier task is held back: room that comes free
@@ -36,8 +38,10 @@ The rule
       only where one result is larger than the share.
   Only *when* a task is submitted changes: which worker runs which task, and in which
   order, does not (the batches are the same bits). Tasks held back stay in
-  ``slot.pending`` and still count against the read-ahead's count; they are submitted, in
-  calls of the usual size, as results are taken and bytes come free.
+  ``slot.pending`` and still count against the read-ahead's count; as results are taken
+  and bytes come free, each worker's held tasks go, the earliest first, as many to a call
+  as fit. Breaking out of an epoch drains them too (torch's workers would run them),
+  dropping each drained result's batch as it comes.
 
 Why ``SHARE = 0.5``
   Ray Data budgets its operators the same way: half of the cluster's object store by
@@ -51,8 +55,9 @@ What is seen (``loader.stats()``, ``loader.timeline()``)
   seconds during which the dispatch held at least one task back for the budget; per task,
   how long it waited for the budget before it was sent (the timeline's ``store`` stage);
   per process, the seconds its tasks were held back (``ProcessHandle.store_held_s``). A
-  task held back is not yet sent, so its wait counts in no measured speed (delivery.py
-  measures from the call's sending, the worker only its work); and the rebalancer does
+  task held back is not yet sent, so its wait counts in no measured speed: the worker
+  measures only its work, and a call sent after the one before it arrived gives
+  delivery.py no pace (NOTE [ dpex Delivered Rate ]); and the rebalancer does
   not move workers while the budget held tasks back in its window (elastic.py): a full
   store is not a slow process.
 """
