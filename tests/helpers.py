@@ -319,3 +319,16 @@ class UnpicklableDataset(RangeDataset):
 
     def __reduce__(self):
         return _refuse_to_unpickle, (self.n,)
+
+
+class LargeRandom(Dataset):
+    """Samples of ``mib`` MiB of torch.rand: large batches whose bits depend on the seeding."""
+
+    def __init__(self, n: int = 96, mib: float = 1.0) -> None:
+        self.n, self.numel = n, int(mib * 2**20) // 4
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.rand(self.numel) + i

@@ -37,6 +37,25 @@ def test_stages_per_process_and_the_stage_a_slow_epoch_lost_time_in():
     assert "slowest epoch 1 against fastest 0: most time lost in 'transfer'" in text
 
 
+def test_an_epoch_whose_tasks_waited_for_the_object_store_names_it():
+    timeline = Timeline(keep_epochs=2)
+    timeline.start_epoch()  # fast: nothing held back
+    for task in range(10):
+        record(timeline, task, process=0, sent=task * 0.01, compute=0.01, transfer=0.001)
+    assert "store" not in timeline.summary()  # only where a task waited for it
+    timeline.start_epoch()  # slow: every task held back 40 ms for the store's budget
+    for task in range(10):
+        timeline.sent(task, 0, 0, "node0", 1 + task * 0.05, store_s=0.04)
+        timeline.received(task, 1 + task * 0.05 + 0.01, 0.01, 1 + task * 0.05 + 0.011)
+        timeline.delivered(task, 1 + task * 0.05 + 0.011)
+    text = timeline.summary()
+    assert "epoch 1: 10 batches" in text
+    assert "waited for the object store: 0.40 s over 10 tasks held back" in text
+    assert "process 0 (node node0): 10 batches, store 40.0 ms, queued 0.0 ms" in text
+    assert ("slowest epoch 1 against fastest 0: most time lost in 'store' (waiting for the "
+            "object store's budget)") in text
+
+
 def test_only_the_last_epochs_are_kept():
     timeline = Timeline(keep_epochs=2)
     for _ in range(5):

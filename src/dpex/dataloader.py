@@ -121,6 +121,8 @@ class DataLoader(TorchDataLoader):
         self.name = default_name(dataset)  # its tag on Ray's metrics endpoint (ray_metrics)
         self._record = EpochRecord()
         self._timeline = Timeline()
+        # Worker id -> its recent results' bytes, kept over epochs (dpex.store_budget).
+        self._result_sizes: dict = {}
         self._pending_resume: PendingResume | None = None
         self._resume_sampler: _ResumingIndexSampler | None = None
         self._ray_iterator = None

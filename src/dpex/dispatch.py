@@ -36,6 +36,9 @@ What changes, and what does not
     tasks (``prefetch_factor * num_workers`` over the active workers), as torch's
     iterator does, so a worker stuck on a slow sample holds back what torch's would and
     the others take the rest in torch's order; its calls carry at most that many tasks.
+  * The object store: a pending task is also held back while its result would take the
+    bytes in flight past a share of its node's object store or of the trainer's (NOTE
+    [ dpex Object Store Budget ], store_budget.py). Only when it is submitted changes.
   * Breaking out of an epoch with persistent workers: torch's workers run the tasks torch
     had dispatched, ``prefetch_factor * num_workers`` past the last handed-out batch (plus
     one per exhausted replica), and start the next epoch from there. dpex counts that
@@ -50,6 +53,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from dpex.local_workers import LOCAL_NODE
+from dpex.placement import object_store_capacities
 from dpex.resume import WorkerPosition
 
 if TYPE_CHECKING:
@@ -94,7 +99,12 @@ class Dispatch:
         return self._prefetch_factor * sum(self._call_size(s) for s in self._slots)
 
     def _fill(self) -> None:
-        """Assign tasks until the read-ahead bound (see the NOTE) is reached."""
+        """Submit what the object store's budget held back and now lets go, then assign
+        tasks until the read-ahead bound (see the NOTE) is reached."""
+        if self._store.holding():  # the earliest held back first (store_budget.py)
+            for slot in sorted((s for s in self._slots if s.pending), key=lambda s: s.pending[0][0]):
+                if self._store.is_held(slot.pending[0][0]):
+                    self._submit_pending(slot)
         while self._try_put_index():
             pass
 
@@ -134,34 +144,73 @@ class Dispatch:
             self._submit_pending(slot)
         return True
 
-    def _submit_pending(self, slot: WorkerSlot) -> None:
-        """Submit the worker's pending tasks in one call (not while it moves: they wait)."""
-        if slot.pending and slot.moving_to is None and slot.process is not None:
-            self._flush_pending(slot)
+    def _submit_pending(self, slot: WorkerSlot, through: int | None = None) -> None:
+        """Submit the worker's pending tasks in one call (not while it moves: they wait), as
+        many as the object store's budget lets go; ``through``: a task the loop is about to
+        wait for, submitted with those before it whatever the budget (store_budget.py)."""
+        if not slot.pending or slot.moving_to is not None or slot.process is None:
+            return
+        count = self._store_room(slot)
+        if through is not None:
+            count = max(count, 1 + next((i for i, (t, _) in enumerate(slot.pending)
+                                         if t == through), -1))
+        if count < len(slot.pending):
+            self._store.hold([t for t, _ in list(slot.pending)[count:]], time.monotonic())
+        if count:
+            self._flush_pending(slot, count)
+
+    def _store_room(self, slot: WorkerSlot) -> int:
+        """How many of the worker's pending tasks the object store's budget lets go now."""
+        node = slot.process.node_id
+        if node is None or node == LOCAL_NODE:  # a local process's results take its pipe
+            return len(slot.pending)
+        if node not in self._store.capacities:  # a node that joined: ask Ray, once
+            self._store.capacities.update(object_store_capacities())
+            self._store.capacities.setdefault(node, 0.0)
+        return self._store.room(slot.worker_id, node, len(slot.pending), slot.pending[0][0])
 
     def _submit_for(self, task_id: int | None) -> None:
         """The loop is about to wait for ``task_id`` (None: for any task): submit what it
-        waits for, rather than wait for a call to fill."""
+        waits for, rather than wait for a call to fill (or for the object store's budget)."""
         if task_id is None:
             for slot in self._slots:
                 self._submit_pending(slot)
+            if not self._calls:  # nothing out to wait for: the budget lets one call go
+                for slot in self._slots:
+                    if slot.pending and slot.moving_to is None and slot.process is not None:
+                        self._submit_pending(slot, through=slot.pending[0][0])
+                        break
             return
         worker_id = self._task_worker.get(task_id)
         if worker_id is not None:
             slot = self._slots[worker_id]
             if any(t == task_id for t, _ in slot.pending):
-                self._submit_pending(slot)
+                self._submit_pending(slot, through=task_id)
 
     def _submit(self, slot: WorkerSlot, tasks: list[tuple[int, Any]]) -> None:
         slot.epoch_calls += 1
         ref = slot.actor.fetch.remote(tasks, slot.worker_id)
         self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
-        now = time.time()
+        now, monotonic = time.time(), time.monotonic()
         self._unarrived[ref] = (now, slot.process)
+        proc = slot.process
+        counted = proc.node_id is not None and proc.node_id != LOCAL_NODE
+        held = 0.0
         for task_id, _ in tasks:
             self._task_ref[task_id] = ref
-            self._timeline.sent(task_id, slot.worker_id, slot.process.serial,
-                                slot.process.node_id, now)
+            waited = (self._store.submitted(task_id, slot.worker_id, proc.node_id, monotonic)
+                      if counted else 0.0)
+            held = max(held, waited)
+            self._timeline.sent(task_id, slot.worker_id, proc.serial, proc.node_id, now,
+                                store_s=waited)
+        if held:
+            proc.store_held_s += held
+            proc.store_held_at = monotonic
+
+    def _store_stats(self) -> None:
+        """The object store's budget, as ``loader.stats()`` shows it."""
+        if self._store.capacities:
+            self._stats.set_store(self._store)
 
     def _rewind_read_ahead(self) -> None:
         """After a drain (every call collected): put each worker that ran past torch's

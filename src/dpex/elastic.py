@@ -363,8 +363,8 @@ class ElasticControl(NodeFollowing):
     def _ready_to_move(self) -> bool:
         """No move under way, and every process hosting workers is judged (``judged``):
         after _MIN_SAMPLES tasks, or sooner when a call of it is long overdue."""
-        if self._moving():
-            return False
+        if self._moving() or self._it._store.held_within(time.monotonic(), self._window_s):
+            return False  # a full object store is not a slow process (store_budget.py)
         hosted = [p for p in self._live() if self._it._hosted(p)]
         times = [p.seconds_per_task() for p in hosted if p.samples >= _MIN_SAMPLES]
         typical = median([t for t in times if t]) if any(times) else None

@@ -192,7 +192,7 @@ class ProcessLifecycle:
         for slot in self._slots:
             if slot.moving_to is proc:  # it stays where it is; what it held back goes there
                 slot.moving_to = None
-                self._flush_pending(slot)
+                self._submit_pending(slot)  # as the object store's budget lets it
         replacement = onto
         for slot in hosted:
             if slot.moving_to is not None:  # it was leaving anyway: arrive now
@@ -217,7 +217,7 @@ class ProcessLifecycle:
             self._begin_slot(slot)
             for task_id, index in lost:
                 self._submit(slot, [(task_id, index)])
-            self._flush_pending(slot)
+            self._submit_pending(slot)  # as the object store's budget lets it
 
     # ----------------------------------------------------------------- moves (elastic.py)
 
@@ -238,16 +238,16 @@ class ProcessLifecycle:
         source.actor.drop.remote(slot.worker_id)
         self._stats.moves += 1
         self._begin_slot(slot)
-        self._flush_pending(slot)
+        self._submit_pending(slot)  # as the object store's budget lets it
         if source.retiring and not self._hosted(source):
             self._drop_process(source, reuse=True)
 
-    def _flush_pending(self, slot: WorkerSlot) -> None:
-        """Submit the tasks pending for ``slot``, in order, in one call."""
+    def _flush_pending(self, slot: WorkerSlot, count: int | None = None) -> None:
+        """Submit the (first ``count``) tasks pending for ``slot``, in order, in one call."""
         if not slot.pending:
             return
-        tasks = list(slot.pending)
-        slot.pending.clear()
+        tasks = [slot.pending.popleft() for _ in range(min(count or len(slot.pending),
+                                                              len(slot.pending)))]
         slot.in_flight.update(tasks)
         self._submit(slot, tasks)
 

@@ -198,6 +198,27 @@ def trainer_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in TRAINER_ENV_VARS if name in os.environ}
 
 
+def object_store_capacities() -> dict[str, float]:
+    """Each alive node's object store, in bytes (its ``object_store_memory`` resource)."""
+    return {node["NodeID"]: node.get("Resources", {}).get("object_store_memory", 0.0)
+            for node in ray.nodes() if node.get("Alive")}
+
+
+def spilled_bytes() -> int | None:
+    """Bytes Ray has spilled from the object stores to disk since the cluster started (all
+    of its users, not only this loader); None where it cannot say. Ray reports it only
+    through a private API (what ``ray memory --stats-only`` prints), so it is read here
+    alone, once per epoch, and any failure of that API reads as None."""
+    try:
+        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+        address = ray.get_runtime_context().gcs_address
+        reply = get_memory_info_reply(get_state_from_address(address), timeout_seconds=5.0)
+        return int(reply.store_stats.spilled_bytes_total)
+    except Exception:
+        return None
+
+
 def eligible_nodes(options: WorkerOptions, trainer_node_id: str | None) -> list[str]:
     """IDs of the alive nodes that may host a worker, in a stable order."""
     return sorted(eligible_node_cpus(options, trainer_node_id))

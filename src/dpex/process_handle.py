@@ -32,6 +32,11 @@ class ProcessHandle:
         self.cpu_s: float | None = None  # moving average of its CPU seconds per task
         self.samples = 0
         self.delivery = DeliveryRecord()  # its pace on the trainer's side (delivery.py)
+        # Seconds its calls waited for the object store's budget before they were sent,
+        # and when one last did (time.monotonic): store pressure, not its speed, which
+        # counts from the sending (NOTE [ dpex Object Store Budget ]).
+        self.store_held_s = 0.0
+        self.store_held_at: float | None = None
 
     def record(self, busy_s: float, cpu_s: float = 0.0) -> None:
         self.samples += 1

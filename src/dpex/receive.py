@@ -18,7 +18,7 @@ from ray.exceptions import (
 
 from dpex.local_workers import LocalProcessDied, get, ready_here, wait
 from dpex.resume import WorkerPosition
-from dpex.worker import END, TaskResult
+from dpex.worker import DATA, END, TaskResult
 
 # How long one wait on Ray may block before the iterator checks on starting workers.
 _WAIT_SLICE_S = 1.0
@@ -153,6 +153,8 @@ class Receive:
             self._task_ref.pop(result.task_id, None)
             self._tasks_outstanding -= 1
             slot.position = WorkerPosition(result.rng_state, result.dataset_state)
+            if result.kind == DATA:
+                self._store.received(result.task_id, result.nbytes)
             slot.process.record(result.busy_s, result.cpu_s)
             if result.cache:
                 self._stats.record_cache(result.cache)
@@ -160,6 +162,7 @@ class Receive:
                 slot.replay_log.append(index)
             if result.kind == END:
                 # torch's _IterableDatasetStopIteration: the replica is done for this epoch.
+                self._store.released(result.task_id)
                 slot.active = False
                 self._task_worker.pop(result.task_id, None)
                 self._torch_dispatched += 1  # torch, too, dispatches one more on this news

@@ -77,8 +77,9 @@ from dpex.elastic import ElasticControl
 from dpex.lifecycle import ProcessLifecycle, live_iterators
 from dpex.process_handle import ProcessHandle, WorkerSlot
 from dpex.local_start import LocalStart, can_start_locally
-from dpex.placement import NodePicker, WorkerOptions
+from dpex.placement import NodePicker, WorkerOptions, object_store_capacities, spilled_bytes
 from dpex.receive import Receive
+from dpex.store_budget import StoreBudget
 from dpex.resume import EpochRecord, PendingResume, skipping
 from dpex.seeding import draw_base_seed
 from dpex.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
@@ -108,6 +109,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._stats = loader._stats
         self._loader_metrics = loader._metrics
         self._timeline = loader._timeline
+        # The object store's share for results in flight (NOTE [ dpex Object Store Budget ]).
+        self._store = StoreBudget(sizes=loader._result_sizes)
         self._pin_memory = transport.pin_memory_enabled(loader.pin_memory, loader.pin_memory_device)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)
         self._generator = loader.generator
@@ -179,6 +182,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._dataset_ref = ray.put(user_code.wrap(self._dataset, code))
         self._config = user_code.wrap(self._raw_config, code)
         self._picker = NodePicker(self._options)
+        self._store.trainer_node = self._picker.trainer_node_id
+        self._store.capacities.update(object_store_capacities())
 
     def _control_step(self) -> None:
         """Between batches and while waiting: the local start's hand-over, else elastic."""
@@ -222,6 +227,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._record.delivered = skip
         self._stats.start_epoch()
         self._timeline.start_epoch()
+        self._store.clear(time.monotonic())
         for slot in self._slots:
             slot.active = True
             slot.num_tasks = 0
@@ -244,7 +250,14 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         self._sampler_iter = iter(())  # a replica's END must not dispatch more of that epoch
         self._submit_for(None)  # torch's workers would run what dpex still holds back
         while self._calls:
-            self._collect(next(iter(self._calls)), timeout=None)
+            ref = next(iter(self._calls))
+            task_ids = self._calls[ref][1]
+            self._collect(ref, timeout=None)
+            for task_id in task_ids:  # never handed out: only its RNG state is kept
+                if task_id in self._results:
+                    self._results[task_id].payload = None
+                self._store.released(task_id)
+            self._submit_for(None)  # what the object store's budget held back, as room frees
         self._rewind_read_ahead()
 
     def __iter__(self) -> _RayDataLoaderIter:
@@ -263,6 +276,9 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         try:
             result, worker_id = self._next_result()
         except StopIteration:
+            if self._store.capacities:  # what Ray spilled (once an epoch: it asks a raylet)
+                self._stats.store_spilled_bytes = spilled_bytes()
+            self._store_stats()
             self._loader_metrics.publish(self._loader_name, self._stats)
             raise
         waited = time.perf_counter() - started
@@ -275,8 +291,10 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         slot.num_tasks -= 1
         slot.handed_out += 1
         self._torch_dispatched += 1  # torch dispatches one task per batch handed out
+        self._store.released(result.task_id)  # the loop has it: its bytes no longer count
         self._fill()
         self._stats.set_in_flight(self._tasks_outstanding)
+        self._store_stats()
         self._control_step()
         self._loader_metrics.tick(self._loader_name, self._stats)
         if result.kind == ERROR:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpex.cache.report import CacheCounters, CacheStats
 
@@ -62,6 +63,17 @@ class StatsSnapshot:
         niceness_denied: a worker could not take the asked niceness (needs privileges).
         cache: per ``dpex.cached`` stage, its hits, misses and stored bytes
             (``dpex.cache.report.CacheStats``).
+        store_in_flight: per Ray node, bytes of results in flight counted against its
+            object store right now (the trainer's node counts all of them); see NOTE
+            [ dpex Object Store Budget ].
+        max_store_in_flight: per node, the most that ever were.
+        store_budget: per node, the bytes of results that may be in flight against it
+            (a share of its object store).
+        store_wait_s: seconds during which the loader held tasks back because results in
+            flight filled their share of an object store (the store, not the workers, was
+            the limit then).
+        store_spilled_bytes: bytes Ray had spilled from the object stores to disk at the end
+            of the last epoch, by all of the cluster's work (None: Ray did not say).
     """
 
     batches: int
@@ -82,6 +94,11 @@ class StatsSnapshot:
     niceness_denied: bool = False
     stall_s: float = 0.0
     cache: tuple[CacheStats, ...] = ()
+    store_in_flight: dict[str, int] = field(default_factory=dict)
+    max_store_in_flight: dict[str, int] = field(default_factory=dict)
+    store_budget: dict[str, int] = field(default_factory=dict)
+    store_wait_s: float = 0.0
+    store_spilled_bytes: int | None = None
 
     @property
     def batches_per_s(self) -> float:
@@ -107,6 +124,12 @@ class StatsSnapshot:
             + (f", {self.moves} worker moves" if self.moves else "")
             + (f", asking the autoscaler for {self.cluster_requests[-1].cpus:g} CPUs"
                if self.cluster_requests and self.cluster_requests[-1].cpus else "")
+            + (f", held tasks back {self.store_wait_s:.2f}s for the object store (peak "
+               f"{max(self.max_store_in_flight.values(), default=0) / 2**20:.0f} MiB in flight, "
+               f"budget {min(self.store_budget.values(), default=0) / 2**20:.0f} MiB)"
+               if self.store_wait_s else "")
+            + (f", Ray spilled {self.store_spilled_bytes / 2**20:.0f} MiB"
+               if self.store_spilled_bytes else "")
         )
 
 
@@ -132,6 +155,11 @@ class LoaderStats:
     niceness_denied: bool = False
     stall_s: float = 0.0
     cache: CacheCounters = field(default_factory=CacheCounters)
+    store_in_flight: dict = field(default_factory=dict)
+    max_store_in_flight: dict = field(default_factory=dict)
+    store_budget: dict = field(default_factory=dict)
+    store_wait_s: float = 0.0
+    store_spilled_bytes: int | None = None
 
     def start_epoch(self) -> None:
         if self.started_at is None:
@@ -155,6 +183,14 @@ class LoaderStats:
     def set_in_flight(self, depth: int) -> None:
         self.in_flight = depth
         self.max_in_flight = max(self.max_in_flight, depth)
+
+    def set_store(self, budget: Any) -> None:
+        """What a ``StoreBudget`` (dpex.store_budget) counts now; its held time adds up."""
+        self.store_in_flight = budget.in_flight_by_node()
+        for node, peak in budget.peak.items():
+            self.max_store_in_flight[node] = max(self.max_store_in_flight.get(node, 0), peak)
+        self.store_budget.update(budget.limits())
+        self.store_wait_s += budget.take_held_s()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started_at if self.started_at is not None else 0.0
@@ -194,4 +230,9 @@ class LoaderStats:
             niceness_denied=self.niceness_denied,
             stall_s=self.stall_s,
             cache=self.cache.snapshot(),
+            store_in_flight=dict(self.store_in_flight),
+            max_store_in_flight=dict(self.max_store_in_flight),
+            store_budget=dict(self.store_budget),
+            store_wait_s=self.store_wait_s,
+            store_spilled_bytes=self.store_spilled_bytes,
         )

@@ -9,6 +9,9 @@ training loop). ``loader.timeline().summary()`` gives, per epoch
 and per process, the delivered rate and the median of each stage, and names the stage
 where the slowest epoch lost its time:
 
+* store: seconds it was held back before it was sent, while the results in flight filled
+  the share of the object store they may take (NOTE [ dpex Object Store Budget ],
+  store_budget.py); shown only in an epoch where a task waited so
 * queued: started - sent (the process was busy with earlier tasks, or still starting)
 * compute: finished - started (the dataset and collate, on the worker)
 * transfer: arrived - finished (the result waiting to be pulled, and its pull)
@@ -24,7 +27,7 @@ import statistics
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-STAGES = ("queued", "compute", "transfer", "held")
+STAGES = ("store", "queued", "compute", "transfer", "held")
 
 
 @dataclass
@@ -39,10 +42,12 @@ class TaskTimes:
     arrived: float = 0.0
     received: float = 0.0
     delivered: float = 0.0
+    store: float = 0.0  # seconds it waited for the object store's budget before ``sent``
 
     def stages(self) -> dict[str, float]:
         arrived = self.arrived or self.received
-        return {"queued": max(0.0, self.started - self.sent),
+        return {"store": self.store,
+                "queued": max(0.0, self.started - self.sent),
                 "compute": max(0.0, self.finished - self.started),
                 "transfer": max(0.0, arrived - self.finished),
                 "held": max(0.0, self.delivered - arrived)}
@@ -60,7 +65,11 @@ class EpochTimes:
         done = self.delivered()
         if not done:
             return 0.0
-        return max(t.delivered for t in done) - min(t.sent for t in done)
+        return max(t.delivered for t in done) - min(t.sent - t.store for t in done)
+
+    def store_s(self) -> float:
+        """Seconds its tasks waited for the object store's budget, in all."""
+        return sum(t.store for t in self.tasks.values())
 
 
 class Timeline:
@@ -83,8 +92,10 @@ class Timeline:
         return self.epochs[self._epoch]
 
     def sent(self, task_id: int, worker_id: int, process: int, node: str | None,
-             at: float) -> None:
-        self._current().tasks[task_id] = TaskTimes(task_id, worker_id, process, node, at)
+             at: float, store_s: float = 0.0) -> None:
+        """``store_s``: how long it was held back for the object store's budget before."""
+        self._current().tasks[task_id] = TaskTimes(task_id, worker_id, process, node, at,
+                                                   store=store_s)
 
     def arrived(self, task_id: int, at: float) -> None:
         times = self._current().tasks.get(task_id)
@@ -114,6 +125,12 @@ class Timeline:
             rates[epoch.epoch] = len(done) / span if span > 0 else 0.0
             lines.append(f"epoch {epoch.epoch}: {len(done)} batches, "
                          f"{rates[epoch.epoch]:.1f} batches/s")
+            store_s = epoch.store_s()
+            stages = STAGES if store_s else STAGES[1:]
+            if store_s:
+                waited = sum(1 for t in epoch.tasks.values() if t.store)
+                lines.append(f"  waited for the object store: {store_s:.2f} s over {waited} "
+                             "tasks held back (results in flight filled their share of it)")
             by_process: dict[int, list[TaskTimes]] = {}
             for times in done:
                 by_process.setdefault(times.process, []).append(times)
@@ -121,12 +138,13 @@ class Timeline:
                 medians = _medians(tasks)
                 node = (tasks[0].node or "?")[:8]
                 lines.append(f"  process {process} (node {node}): {len(tasks)} batches, "
-                             + ", ".join(f"{s} {1000 * medians[s]:.1f} ms" for s in STAGES))
+                             + ", ".join(f"{s} {1000 * medians[s]:.1f} ms" for s in stages))
         if len(rates) >= 2:
             slow, fast = min(rates, key=rates.get), max(rates, key=rates.get)
             worst = slowest_stage(self.epochs[slow], self.epochs[fast])
             lines.append(f"slowest epoch {slow} against fastest {fast}: most time lost in "
-                         f"'{worst}'")
+                         f"'{worst}'" + (" (waiting for the object store's budget)"
+                                         if worst == "store" else ""))
         return "\n".join(lines) if lines else "no delivered batches recorded"
 
 

@@ -47,6 +47,21 @@ def from_wire(obj: Any) -> Any:
     return map_structure(_tensor_from_wire, obj)
 
 
+def wire_nbytes(wired: Any) -> int:
+    """The bytes of the tensors in a batch made by ``to_wire``: what its result weighs in
+    Ray's object store, less the pickled rest (NOTE [ dpex Object Store Budget ])."""
+    total = 0
+
+    def add(value: Any) -> Any:
+        nonlocal total
+        if isinstance(value, _WireTensor):
+            total += value.data.nbytes
+        return value
+
+    map_structure(add, wired)
+    return total
+
+
 def to_pipe(batch: Any) -> Any:
     """``to_wire`` for the pipe of a local worker process (local_workers.py): a large tensor
     travels as torch's workers send theirs, its storage moved to shared memory here and a

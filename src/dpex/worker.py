@@ -85,6 +85,7 @@ class TaskResult:
     cpu_s: float = 0.0  # the CPU time its threads used meanwhile (what the task costs a node)
     finished_at: float = 0.0  # wall clock when it finished (dpex.timeline)
     cache: dict | None = None  # the process's cache counters since its last result
+    nbytes: int = 0  # its tensors' bytes in Ray's object store (dpex.store_budget)
 
 
 class _Replica:
@@ -305,9 +306,10 @@ class Worker:
         except Exception:
             payload, kind = RemoteError.capture(replica.worker_id, index), ERROR
         state = dataset_state(replica.dataset) if replica.stateful and kind == DATA else None
+        nbytes = transport.wire_nbytes(payload) if kind == DATA and not self._through_a_pipe else 0
         return TaskResult(task_id, kind, payload, RngState.capture(), state,
                           time.perf_counter() - started, time.process_time() - cpu_started,
-                          time.time())
+                          time.time(), nbytes)
 
     def _to_pipe(self, batch: Any) -> Any:
         """``transport.to_pipe``; where shared memory runs out (a container's small

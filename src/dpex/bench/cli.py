@@ -92,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1,2; nodes that do not fit on this machine's cores are skipped)")
     parser.add_argument("--cores-per-node", type=_positive, default=1, metavar="N",
                         help="scaleout, unequal: cores per Ray node (default 1)")
+    parser.add_argument("--object-store-mb", type=_positive, default=1024, metavar="MB",
+                        help="scaleout, unequal: each Ray node's object store, in MiB "
+                             "(default 1024; 150 is what ray.cluster_utils gives a node)")
     parser.add_argument("--pool-images", type=_positive, default=1, metavar="K",
                         help="scaleout, unequal: average-pool each image KxK after the same "
                              "CPU work, so a batch is K*K times smaller (default 1: float "
@@ -109,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out, data_dir=args.data_dir, plot=args.plot,
         elastic_workers=args.workers[0] if args.workers else None, nodes=args.nodes,
         cores_per_node=args.cores_per_node, pool_images=args.pool_images,
+        object_store_mb=args.object_store_mb,
     )
     if args.report is not None:
         saved, records, startup_records, elastic_records, coldstart_records = load_results(

@@ -199,10 +199,12 @@ def run_elastic(workloads: list[str], config: ElasticConfig,
 
     cpn = config.cores_per_node
     if "scaleout" in workloads and counts:  # else a note says why
-        attempt("scaleout", NodeCluster(max(counts), cpn, upto=counts),
+        attempt("scaleout", NodeCluster(max(counts), cpn, upto=counts,
+                                        object_store_mb=config.object_store_mb),
                 lambda cluster: run_scaleout(config, log, cluster, counts))
     if "unequal" in workloads and why_not(2, cpn) is None:
-        attempt("unequal", NodeCluster(2, cpn, upto=[2], busy_nodes=[1]),
+        attempt("unequal", NodeCluster(2, cpn, upto=[2], busy_nodes=[1],
+                                       object_store_mb=config.object_store_mb),
                 lambda cluster: run_unequal(config, log, cluster))
     if "autoscale" in workloads:
         attempt("autoscale", None, lambda: run_autoscale(config, log))

@@ -98,6 +98,7 @@ class ElasticConfig:
     nodes: list[int] = field(default_factory=lambda: [1, 2])
     cores_per_node: int = 1
     pool_images: int = 1  # scaleout, unequal: average-pool each image KxK (smaller batches)
+    object_store_mb: int = 1024  # scaleout, unequal: each Ray node's object store
     data_dir: Path | None = None
 
     def workers_for(self, workload: str) -> int:

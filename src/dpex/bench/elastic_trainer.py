@@ -121,7 +121,8 @@ def run_epoch(loader, rec: ElasticRecord, node_of_core: dict[int, int]) -> None:
     stats = getattr(loader, "stats", None)  # dpex's: what elastic workers report, if any
     if stats is not None:
         snap = stats()
-        for name in ("processes", "niceness_denied", "moves"):
+        for name in ("processes", "niceness_denied", "moves", "store_wait_s",
+                     "max_store_in_flight", "store_budget", "store_spilled_bytes"):
             if hasattr(snap, name):
                 rec.extra[name] = getattr(snap, name)
         rec.extra["scaling_events"] = [f"{e.at_s:.1f}s {e.from_processes}->{e.to_processes} "

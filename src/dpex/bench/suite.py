@@ -52,6 +52,7 @@ class SuiteConfig:
     nodes: list[int] = field(default_factory=lambda: [1, 2])
     cores_per_node: int = 1
     pool_images: int = 1  # scaleout, unequal: images average-pooled KxK (smaller batches)
+    object_store_mb: int = 1024  # scaleout, unequal: each Ray node's object store
 
     def resolved(self) -> tuple[int, int]:
         epochs, repeats = DEFAULTS[self.size]
@@ -99,7 +100,8 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
         elastic_records, notes = elastic.run_elastic(chosen_elastic, elastic.ElasticConfig(
             size=config.size, epochs=epochs, repeats=repeats, workers=config.elastic_workers,
             nodes=config.nodes, cores_per_node=config.cores_per_node,
-            pool_images=config.pool_images, data_dir=config.data_dir), log)
+            pool_images=config.pool_images, object_store_mb=config.object_store_mb,
+            data_dir=config.data_dir), log)
         skipped += notes
     if grow.WORKLOAD in workloads:
         workloads.remove(grow.WORKLOAD)
@@ -230,7 +232,8 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
                    "workers": config.workers, "address": config.address,
                    "elastic_workers": config.elastic_workers, "nodes": config.nodes,
                    "cores_per_node": config.cores_per_node,
-                   "pool_images": config.pool_images},
+                   "pool_images": config.pool_images,
+                   "object_store_mb": config.object_store_mb},
         "records": [r.to_json() for r in records],
         "startup": [r.to_json() for r in startup_records],
         "elastic": [r.to_json() for r in elastic_records],
