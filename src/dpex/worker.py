@@ -84,8 +84,8 @@ class TaskResult:
     busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
     cpu_s: float = 0.0  # the CPU time its threads used meanwhile (what the task costs a node)
     finished_at: float = 0.0  # wall clock when it finished (dpex.timeline)
-    cache: dict | None = None  # the process's cache counters since its last result
     nbytes: int = 0  # its tensors' bytes in Ray's object store (dpex.store_budget)
+    cache: dict | None = None  # the process's cache counters since its last result
 
 
 class _Replica:
