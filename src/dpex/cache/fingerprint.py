@@ -8,8 +8,8 @@ A namespace covers:
 * the files it names: every attribute that is, or lists, paths of existing files, by path,
   size and modification time (a folder by its own modification time, which changes when
   entries are added or removed, not when a file in it is rewritten);
-* the library versions: Python, torch, numpy, dpex, and Pillow, OpenCV or torchvision
-  where the process has imported them.
+* the library versions: Python, torch, numpy, dpex, and Pillow, OpenCV, torchvision,
+  simplejpeg or PyTurboJPEG where installed.
 A change in any of them is a new namespace; ``Cache(fingerprint=...)`` replaces the
 attributes and files with the user's own string. An entry's key within its namespace is
 the stage's arguments, with the size and modification time of any that names a file.
@@ -17,17 +17,20 @@ the stage's arguments, with the size and modification time of any that names a f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
 import platform
-import sys
 import types
 from collections.abc import Iterator
 from typing import Any
 
 _MAX_DEPTH = 3  # how deep attributes are searched for paths (lists of lists of paths)
-_IMAGE_LIBRARIES = ("PIL", "cv2", "torchvision", "simplejpeg", "turbojpeg")
+# Distributions whose version counts where installed (looked up, not imported: whether a
+# process happened to import one must not change its digest).
+_LIBRARIES = ("torch", "numpy", "dpex", "Pillow", "pillow-simd", "opencv-python",
+              "opencv-python-headless", "torchvision", "simplejpeg", "PyTurboJPEG")
 
 
 def namespace(fn: Any, owner: Any, override: str | None) -> str:
@@ -102,26 +105,17 @@ def files_of(owner: Any) -> list[tuple[str, str]]:
     return sorted(seen.items())
 
 
+@functools.lru_cache(maxsize=1)
 def versions() -> str:
-    import numpy
-    import torch
-
-    parts = [f"python={platform.python_version()}", f"torch={torch.__version__}",
-             f"numpy={numpy.__version__}", f"dpex={_dpex_version()}"]
-    for name in _IMAGE_LIBRARIES:
-        module = sys.modules.get(name)
-        if module is not None:
-            parts.append(f"{name}={getattr(module, '__version__', '?')}")
-    return ",".join(parts)
-
-
-def _dpex_version() -> str:
     from importlib import metadata
 
-    try:
-        return metadata.version("dpex")
-    except metadata.PackageNotFoundError:  # run from a source tree
-        return "source"
+    parts = [f"python={platform.python_version()}"]
+    for name in _LIBRARIES:
+        try:
+            parts.append(f"{name}={metadata.version(name)}")
+        except metadata.PackageNotFoundError:  # not installed (dpex: run from a source tree)
+            continue
+    return ",".join(parts)
 
 
 def _paths(value: Any, depth: int) -> Iterator[str]:
