@@ -176,31 +176,46 @@ def test_workers_see_the_trainers_torchrun_topology(monkeypatch):
     assert rows[:, 1:].tolist() == [[1, 2]] * 4  # as torch's forked workers would see them
 
 
-class _CollectsGarbage(torch.utils.data.Dataset):
-    """Runs the cycle collector in the worker, as any allocation may."""
+FORKED_WITH_GARBAGE = """
+import gc, torch, dpex
 
-    def __len__(self) -> int:
+class CollectsGarbage(torch.utils.data.Dataset):
+    def __len__(self):
         return 4
 
-    def __getitem__(self, i: int) -> int:
-        gc.collect()
+    def __getitem__(self, i):
+        gc.collect()  # as any allocation may, in torch's forked worker
         return i
 
+if __name__ == "__main__":
+    import ray
 
-def test_torchs_workers_forked_with_a_dpex_iterator_as_garbage_do_not_hang():
-    """A dpex iterator left in a reference cycle is forked into torch's workers with the
-    rest of the trainer's memory; collected there, it must not call the trainer's Ray
-    (which blocks for ever in a forked child)."""
-    it = iter(dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=2,
-                              distribute_mode=True))
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # the user's own session
+    it = iter(dpex.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=2,
+                              num_workers=2, distribute_mode=True))
     next(it)
     it.cycle = it
-    gc.disable()  # the cycle is still garbage when torch forks
-    try:
-        del it
-        loader = torch.utils.data.DataLoader(_CollectsGarbage(), batch_size=2, num_workers=2,
-                                             timeout=60)
-        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
-    finally:
-        gc.enable()
-        gc.collect()
+    gc.disable()  # the cycle is still garbage when torch forks its workers
+    del it
+    loader = torch.utils.data.DataLoader(CollectsGarbage(), batch_size=2, num_workers=2,
+                                         timeout=60)
+    print([b.tolist() for b in loader], flush=True)
+"""
+
+
+def test_torchs_workers_forked_with_a_dpex_iterator_as_garbage_do_not_hang(tmp_path):
+    """A dpex iterator left in a reference cycle is forked into torch's workers with the
+    rest of the trainer's memory; collected there, it must not call the trainer's Ray
+    (which blocks for ever in a forked child). A script of its own, as a user runs it: the
+    forked children's Ray is a copy of its own, which no other test should share."""
+    import subprocess
+    import sys
+
+    from conftest import user_env
+
+    script = tmp_path / "train.py"
+    script.write_text(FORKED_WITH_GARBAGE)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=user_env(), timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "[[0, 1], [2, 3]]" in run.stdout

@@ -141,7 +141,7 @@ class Receive:
             self._recover(slot.process, exc)
             return True
         except ActorUnschedulableError as exc:
-            self._on_unschedulable(self._calls[ref][0], exc)
+            self._on_unschedulable(self._calls[ref][0].process, exc)
             return True
         now = time.time()
         if ref in self._unarrived:  # no wait or poll saw it before
