@@ -9,7 +9,8 @@ from typing import Any
 
 from dpex.cache import disk, entries
 from dpex.cache.options import Cache, user
-from dpex.cache.owner import existing_owner, node_store_bytes, owner_for
+from dpex.cache.owner import existing_owner, owner_for
+from dpex.placement import object_store_capacities
 
 _SYNC_S = 0.5  # how often a process reads its node owner's new entries
 _SEND_EVERY = 16  # entries sent to the owner in one call (or every _SYNC_S)
@@ -24,7 +25,7 @@ class MemoryTier:
     def __init__(self, node: str, name: str, label: str, options: Cache) -> None:
         self._name, self._label, self._node = name, label, node
         self._ttl_s = options.ttl_s
-        self.limit = int(node_store_bytes(node) * options.memory_share)
+        self.limit = int(object_store_capacities().get(node, 0) * options.memory_share)
         self.full = self.limit <= 0
         # The node's owner: one that runs (an earlier epoch's, loader's or job's), else one
         # started with the first entry to keep (none for a stage refused or recomputed).

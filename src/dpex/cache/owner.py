@@ -104,13 +104,3 @@ def owner_for(user: str, namespace: str, stage: str, node_id: str, limit: int,
         lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
     return actor.remote(namespace, stage, limit, ttl_s)
-
-
-def node_store_bytes(node_id: str) -> int:
-    """The object store's capacity of ``node_id``, as Ray's node table says."""
-    import ray
-
-    for node in ray.nodes():
-        if node.get("NodeID") == node_id and node.get("Alive"):
-            return int(node.get("Resources", {}).get("object_store_memory", 0))
-    return 0
