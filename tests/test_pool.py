@@ -6,6 +6,7 @@ bitwise identical although the worker processes are the pool's."""
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 import torch
@@ -148,3 +149,27 @@ def test_a_dataset_that_cannot_reach_a_worker_fails_to_start_and_is_not_kept():
     with pytest.raises(RuntimeError, match=r"dpex worker \d failed to start[\s\S]*does not unpickle"):
         list(make(True, UnpicklableDataset(8), 9))
     assert POOL.idle_count() <= idle  # the failed loader's processes were stopped, not kept
+
+
+class _SlowAfterFirstBatch(torch.utils.data.Sampler):
+    """Yields its first index batch, then keeps the trainer busy while the workers answer."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        self.n, self.batch_size = n, batch_size
+
+    def __iter__(self):
+        for start in range(0, self.n, self.batch_size):
+            yield list(range(start, min(self.n, start + self.batch_size)))
+            if start == 0:
+                time.sleep(3)
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+
+def test_a_failed_start_is_reported_even_when_its_first_batch_fails_first():
+    # The first fetch goes right behind the begin; with the trainer busy in the sampler,
+    # both have failed when it first looks, and the fetch's "no replica" is not the cause.
+    with pytest.raises(RuntimeError, match=r"dpex worker \d failed to start[\s\S]*does not unpickle"):
+        list(dpex.DataLoader(UnpicklableDataset(8), batch_sampler=_SlowAfterFirstBatch(8, 2),
+                             num_workers=1, distribute_mode=True))

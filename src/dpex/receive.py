@@ -143,6 +143,13 @@ class Receive:
         except ActorUnschedulableError as exc:
             self._on_unschedulable(self._calls[ref][0].process, exc)
             return True
+        except Exception:
+            # A fetch sent behind its replica's begin fails when the begin did (no replica):
+            # the begin's own error is the one to report, if no wait has filed it yet.
+            slot = self._calls[ref][0]
+            if slot.ready_ref is not None:
+                self._on_started(slot)
+            raise
         now = time.time()
         if ref in self._unarrived:  # no wait or poll saw it before
             self._arrived([ref], now)
