@@ -166,6 +166,7 @@ def test_no_capacity_fails_in_bounded_time(cluster):
         run(True, options=options)
 
 
+@pytest.mark.slow  # 45 s on 2 cores: it waits out a start deadline
 def test_workers_that_cannot_start_in_time_on_one_node_go_on_elsewhere(cluster):
     """A node whose worker process does not answer within start_timeout_s while the others
     have started: its logical worker continues on a started process, the batches are

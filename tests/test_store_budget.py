@@ -130,6 +130,7 @@ def test_no_budget_where_a_stores_size_is_unknown():
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # 50 s on 2 cores: a cluster of its own, large batches
 def test_large_batches_in_a_small_store_stay_within_its_share(ray_local):
     # 8 MiB batches, 4 workers, prefetch_factor 8: the count allows 32 in flight (256 MiB,
     # all of ray_local's store); its share allows 128 MiB, 16 batches at most.

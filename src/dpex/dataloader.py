@@ -8,6 +8,7 @@ With ``distribute_mode=False`` (the default) every iteration is torch's own code
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -47,7 +48,7 @@ class DataLoader(TorchDataLoader):
     """A drop-in ``torch.utils.data.DataLoader`` that can run its workers on a Ray cluster.
 
     Takes every argument of ``torch.utils.data.DataLoader`` with the same defaults and
-    errors, plus four keyword-only ones.
+    errors, plus five keyword-only ones.
 
     Args:
         distribute_mode: run the ``num_workers`` workers as Ray actors spread over the Ray
@@ -62,6 +63,12 @@ class DataLoader(TorchDataLoader):
         cache: where the results of the dataset's ``@dpex.cached`` stages are kept across
             epochs and jobs (``dpex.Cache``; None: its defaults), or False to run those
             stages every time. Distributed mode only; the batches are the same either way.
+        share: a stream name. Loaders with the same name whose batches are the same bits
+            (same dataset, seed, batch and worker settings) compute each batch once, on
+            whichever loader's workers reach it first, and read it from Ray's object store
+            otherwise. A loader that differs is warned and runs alone. Distributed mode,
+            map-style datasets and ``in_order=True`` only; the batches are the same either
+            way.
 
     Example:
         >>> import torch, dpex
@@ -95,6 +102,7 @@ class DataLoader(TorchDataLoader):
         head_address: str | None = "auto",
         worker_options: WorkerOptions | None = None,
         cache: Cache | bool | None = None,
+        share: str | None = None,
     ) -> None:
         if not isinstance(distribute_mode, bool):
             raise TypeError(f"distribute_mode should be a bool, but got {distribute_mode!r}")
@@ -112,6 +120,11 @@ class DataLoader(TorchDataLoader):
         if cache is True or cache is None:
             cache = Cache()
         self.cache: Cache | None = cache or None
+        if share is not None and not (isinstance(share, str) and share):
+            raise TypeError(f"share should be a non-empty str naming a stream, or None, "
+                            f"but got {share!r}")
+        self.share = share
+        self._shared = None  # its SharedStream (dpex.share), made with its first Ray epoch
         # Set before torch's __init__, which calls check_worker_number_rationality().
         self.distribute_mode = distribute_mode
         self.head_address = head_address
@@ -307,7 +320,29 @@ class DataLoader(TorchDataLoader):
             ...     train_step(batch)
             >>> print(loader.stats().summary())  # doctest: +SKIP
         """
-        return self._stats.snapshot()
+        snapshot = self._stats.snapshot()
+        if self._shared is not None:
+            snapshot = dataclasses.replace(snapshot, share=self._shared.describe())
+        return snapshot
+
+    def _shared_stream(self):
+        """This loader's ``SharedStream`` (one across its epochs), or None without ``share``."""
+        if self.share is not None and self._shared is None:
+            from dpex.share.stream import SharedStream
+
+            window = max(16, 4 * self.prefetch_factor * self.num_workers)
+            self._shared = SharedStream(self.share, window)
+        return self._shared
+
+    def _share_components(self) -> dict[str, str]:
+        """What this loader's batches depend on besides the epoch (dpex.share.keys)."""
+        if getattr(self, "_share_parts", None) is None:
+            from dpex.share import keys
+
+            self._share_parts = keys.components(
+                self.dataset, self.num_workers, getattr(self.batch_sampler, "batch_size", None),
+                self.drop_last, self.collate_fn, self.worker_init_fn, self.generator)
+        return self._share_parts
 
 
 class _TimedIterator:

@@ -82,6 +82,8 @@ class Dispatch:
     def _call_size(self, slot: WorkerSlot) -> int:
         """``tasks_per_call``, ramped up over the epoch's first calls of the worker (1, 2,
         4, ...), so that an epoch's first batch does not wait for a full call."""
+        if self._share_on:  # a shared stream's key is one task's (sharing.py)
+            return 1
         busy_s = slot.process.busy_s if slot.process is not None else None
         return min(tasks_per_call(busy_s), 1 << min(slot.epoch_calls, 8))
 
@@ -136,6 +138,7 @@ class Dispatch:
             return False
         task_id = self._send_idx
         self._send_idx += 1
+        self._note_share_key(task_id, index)
         self._task_worker[task_id] = slot.worker_id
         slot.num_tasks += 1
         self._tasks_outstanding += 1
@@ -189,10 +192,18 @@ class Dispatch:
 
     def _submit(self, slot: WorkerSlot, tasks: list[tuple[int, Any]]) -> None:
         slot.epoch_calls += 1
-        ref = slot.actor.fetch.remote(tasks, slot.worker_id)
+        if self._submit_shared(slot, tasks):  # sharing.py: the stream's hub sent it
+            return
+        self._register_call(slot, tasks, slot.actor.fetch.remote(tasks, slot.worker_id))
+
+    def _register_call(self, slot: WorkerSlot, tasks: list[tuple[int, Any]], ref: Any,
+                       made_here: bool = True) -> None:
+        """Note the call ``ref`` for ``tasks``; ``made_here``: by ``slot``'s own process
+        (whose pace its arrival measures), not by another trainer's for a shared stream."""
         self._calls[ref] = (slot, [task_id for task_id, _ in tasks])
         now, monotonic = time.time(), time.monotonic()
-        self._unarrived[ref] = (now, slot.process)
+        if made_here:
+            self._unarrived[ref] = (now, slot.process)
         proc = slot.process
         counted = proc.node_id is not None and proc.node_id != LOCAL_NODE
         held = 0.0
@@ -231,4 +242,5 @@ class Dispatch:
             else:
                 position = slot.epoch_start
             slot.position = position
-            slot.actor.rewind.remote(slot.worker_id, position)
+            slot.barrier = slot.actor.rewind.remote(slot.worker_id, position)
+            slot.after_ref = None  # it stands where the trainer says now

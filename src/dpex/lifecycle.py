@@ -71,6 +71,13 @@ class ProcessLifecycle:
         slot.ready_ref = slot.actor.begin.remote(
             self._dataset_ref, self._config, slot.worker_id, *resume, self._niceness)
         slot.start_deadline = time.monotonic() + self._options.start_timeout_s
+        # It stands at its position now; a shared stream's fetches for it wait for this,
+        # and only those of its new generation run (NOTE [ dpex Shared Stream ]).
+        slot.after_ref = None
+        slot.barrier = slot.ready_ref
+        if self._share_on and not isinstance(slot.actor, LocalActor):
+            slot.generation += 1
+            slot.barrier = slot.actor.fence.remote(slot.worker_id, slot.generation)
 
     def _on_started(self, starting: WorkerSlot | ProcessHandle) -> None:
         ref, starting.ready_ref = starting.ready_ref, None
@@ -170,6 +177,8 @@ class ProcessLifecycle:
         if proc.dead:
             return
         proc.dead = True
+        # A fault ends a shared stream for this iterator: every worker goes on alone.
+        self._stop_sharing(f"a worker process died ({type(cause).__name__})")
         hosted = [slot for slot in self._slots if slot.process is proc]
         # Calls run in submission order, so the earliest outstanding one was running.
         running = next(((slot, ids) for slot, ids in self._calls.values()

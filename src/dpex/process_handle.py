@@ -97,6 +97,12 @@ class WorkerSlot:
         self.replay_log: list[Any] = []  # IterableDataset: indices received this epoch
         self.deaths_per_task: dict[int, int] = {}
         self.restarts = 0
+        # A shared stream (NOTE [ dpex Shared Stream ]): the reference of its previous
+        # task's batch while another worker made it (its own worker is one task behind),
+        # the trainer's last call to its worker, and its replica's fence.
+        self.after_ref: Any = None
+        self.barrier: Any = None
+        self.generation = 0
 
     @property
     def actor(self) -> Any:

@@ -133,23 +133,13 @@ class Receive:
             results: list[TaskResult] = get(ref, timeout=timeout)
         except GetTimeoutError:
             return False
-        except (RayActorError, ObjectLostError, LocalProcessDied) as exc:
-            # The process died, or its node did and took the result with it.
-            slot = self._calls[ref][0]
-            if isinstance(exc, RayActorError):
-                self._raise_if_start_failed(slot, exc)
-            self._recover(slot.process, exc)
-            return True
-        except ActorUnschedulableError as exc:
-            self._on_unschedulable(self._calls[ref][0].process, exc)
-            return True
-        except Exception:
-            # A fetch sent behind its replica's begin fails when the begin did (no replica):
-            # the begin's own error is the one to report, if no wait has filed it yet.
-            slot = self._calls[ref][0]
-            if slot.ready_ref is not None:
-                self._on_started(slot)
-            raise
+        except Exception as exc:
+            return self._call_failed(ref, exc)
+        shared = self._shared_calls.pop(ref, None)  # (key, made here) of a shared stream's
+        if shared is not None and not results:  # refused: its maker stopped sharing
+            self._shared_calls[ref] = shared
+            return self._call_failed(ref, RuntimeError("a shared batch was withdrawn"))
+        made_here = shared is None or shared[1]
         now = time.time()
         if ref in self._unarrived:  # no wait or poll saw it before
             self._arrived([ref], now)
@@ -162,9 +152,10 @@ class Receive:
             slot.position = WorkerPosition(result.rng_state, result.dataset_state)
             if result.kind == DATA:
                 self._store.received(result.task_id, result.nbytes)
-            slot.process.record(result.busy_s, result.cpu_s)
-            if result.cache:
-                self._stats.record_cache(result.cache)
+            if made_here:  # another trainer's worker's pace and cache are its own
+                slot.process.record(result.busy_s, result.cpu_s)
+                if result.cache:
+                    self._stats.record_cache(result.cache)
             if self._is_iterable:
                 slot.replay_log.append(index)
             if result.kind == END:
@@ -180,3 +171,24 @@ class Receive:
         if slot.moving_to is not None and not slot.in_flight:
             self._finish_move(slot)
         return True
+
+    def _call_failed(self, ref: Any, exc: Exception) -> bool:
+        """The call ``ref`` raised ``exc`` (not a result's error: the call's own). Handled
+        (True), or raised on."""
+        if ref in self._shared_calls and self._shared_call_failed(ref, exc):
+            return True  # the iterator goes on without the stream (sharing.py)
+        slot = self._calls[ref][0]
+        if isinstance(exc, (RayActorError, ObjectLostError, LocalProcessDied)):
+            # The process died, or its node did and took the result with it.
+            if isinstance(exc, RayActorError):
+                self._raise_if_start_failed(slot, exc)
+            self._recover(slot.process, exc)
+            return True
+        if isinstance(exc, ActorUnschedulableError):
+            self._on_unschedulable(slot.process, exc)
+            return True
+        # A fetch sent behind its replica's begin fails when the begin did (no replica):
+        # the begin's own error is the one to report, if no wait has filed it yet.
+        if slot.ready_ref is not None:
+            self._on_started(slot)
+        raise exc

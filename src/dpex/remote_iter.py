@@ -79,6 +79,7 @@ from dpex.process_handle import ProcessHandle, WorkerSlot
 from dpex.local_start import LocalStart, can_start_locally
 from dpex.placement import NodePicker, WorkerOptions, object_store_capacities, spilled_bytes
 from dpex.receive import Receive
+from dpex.sharing import Sharing
 from dpex.store_budget import StoreBudget
 from dpex.resume import EpochRecord, PendingResume, skipping
 from dpex.seeding import draw_base_seed
@@ -87,7 +88,7 @@ from dpex.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
 if TYPE_CHECKING:  # dpex's loader, a torch DataLoader, which imports this module
     from torch.utils.data import DataLoader
 
-class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
+class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharing):
     """Iterates once over a ``dpex.DataLoader``, as specified by its sampler. See the NOTE."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -148,6 +149,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             self._setup_ray()
         self._niceness = self._options.target_niceness()
         self._id = uuid.uuid4().hex[:8]
+        self._init_sharing(loader, resumed=resume is not None)
         self._slots = [WorkerSlot(i) for i in range(self._num_workers)]
         if resume is not None and resume.workers:
             self._record.workers = list(resume.workers)
@@ -201,6 +203,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
         """
         if not first_iter:
             self._drain()
+            self._share_next_epoch()
             self._record.start_epoch(self._generator, self._num_workers,
                                      base_seed_drawn=False, carry_workers=True)
         self._sampler_iter = skipping(self._index_sampler, skip, 0, None)
@@ -238,7 +241,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart):
             if not first_iter:
                 # torch's _ResumeIteration: each replica restarts its iterator. The actor runs
                 # this before the tasks submitted below (actor calls run in order).
-                slot.actor.reset_epoch.remote(slot.worker_id)
+                slot.barrier = slot.actor.reset_epoch.remote(slot.worker_id)
         self._fill()
 
     def _drain(self) -> None:

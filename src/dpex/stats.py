@@ -74,6 +74,10 @@ class StatsSnapshot:
             the limit then).
         store_spilled_bytes: bytes Ray had spilled from the object stores to disk at the end
             of the last epoch, by all of the cluster's work (None: Ray did not say).
+        share: with ``share=``, the loader's part in the shared stream: ``from_stream``
+            (batches another loader's workers made), ``computed`` (batches its own made
+            for the stream), ``differs`` (how it differs from the stream, if it does) and
+            ``stops`` (why an epoch went on without the stream); None without ``share=``.
     """
 
     batches: int
@@ -99,6 +103,7 @@ class StatsSnapshot:
     store_budget: dict[str, int] = field(default_factory=dict)
     store_wait_s: float = 0.0
     store_spilled_bytes: int | None = None
+    share: dict | None = None
 
     @property
     def batches_per_s(self) -> float:

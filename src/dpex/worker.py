@@ -99,6 +99,7 @@ class _Replica:
         self.init_error: RemoteError | None = None
         self.stateful = config.is_iterable and callable(getattr(dataset, "state_dict", None))
         self.rng: RngState | None = None  # its RNG state while another replica runs
+        self.generation: int | None = None  # a shared stream's fence (``Worker.fence``)
 
 
 class Worker:
@@ -264,15 +265,43 @@ class Worker:
                 self._new_fetcher(replica)
                 replica.rng = RngState.capture()
 
-    def fetch(self, tasks: list[tuple[int, Any]], worker_id: int | None = None
-              ) -> list[TaskResult]:
+    def fetch(self, tasks: list[tuple[int, Any]], worker_id: int | None = None,
+              generation: int | None = None, after: list[TaskResult] | None = None,
+              barrier: Any = None) -> list[TaskResult]:
         """Load the given ``(task_id, index)`` tasks of logical worker ``worker_id`` (None:
-        the only one hosted) in order."""
+        the only one hosted) in order.
+
+        A shared stream's hub sends the rest (NOTE [ dpex Shared Stream ]): ``generation``,
+        the replica's fence (a fetch for an older replica returns nothing, running nothing);
+        ``after``, the worker's previous task's results when another worker made them (the
+        replica takes up the RNG state that came with them); ``barrier``, the trainer's
+        last call to this worker, which Ray has run before this one (its value is unused).
+        """
         replica = self._replicas[worker_id] if worker_id is not None else self._current
+        if generation is not None and replica.generation != generation:
+            return []
+        if after is not None:
+            if not after:
+                raise RuntimeError("dpex: the shared stream's previous batch was withdrawn")
+            self._take_up(replica, after[-1])
         results = [self._fetch_one(replica, task_id, index) for task_id, index in tasks]
         if results:
             results[-1].cache = cache_runtime.take_counters()
         return results
+
+    def fence(self, worker_id: int, generation: int) -> None:
+        """Only a shared stream's fetches of ``generation`` run on this replica now."""
+        replica = self._replicas.get(worker_id)
+        if replica is not None:
+            replica.generation = generation
+
+    def _take_up(self, replica: _Replica, previous: TaskResult) -> None:
+        """Continue ``replica`` after ``previous``, a task another worker ran for it: its
+        RNG state (its first task, with a failed ``worker_init_fn``'s error, was that one)."""
+        self._activate(replica)
+        replica.init_error = None
+        restore_position(replica.dataset, WorkerPosition(previous.rng_state,
+                                                         previous.dataset_state))
 
     def _activate(self, replica: _Replica) -> None:
         """Give the process's global RNGs and worker info to ``replica``."""

@@ -1,0 +1,118 @@
+"""A loader's place in a shared stream: its hub, and what it took from the stream.
+
+One per loader (``DataLoader(share=...)``), across its iterators; the iterator asks it
+for claims (NOTE [ dpex Shared Stream ], hub.py). Its hub is told when the loader goes
+(deleted, or its process ends); the last loader to go ends the hub.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import warnings
+import weakref
+from typing import Any
+
+import ray
+
+from dpex.cache.options import user
+from dpex.share.hub import hub_for
+
+# How long a loader waits, once, for its stream's hub to answer before it goes on alone.
+_ATTACH_TIMEOUT_S = 30.0
+
+
+class SharedStream:
+    """``share=name`` of one loader: claims go to the stream's hub once it answered."""
+
+    def __init__(self, name: str, window: int) -> None:
+        self.name = name
+        self.window = window
+        self.hub: Any = None
+        self._attached: Any = None  # the reference of this loader's attach call
+        self.differs: list[str] | None = None  # known once the hub answered
+        self.from_stream = 0  # batches another loader's worker made
+        self.computed = 0  # batches this loader's workers made for the stream
+        self.stops: list[str] = []  # why an iterator stopped sharing
+        self._release = None
+
+    def attach(self, components: dict[str, str], node_id: str | None) -> None:
+        """Find or start the hub and join it (it answers while the epoch goes on)."""
+        if self.hub is not None:
+            return
+        self.hub = hub_for(user(), self.name, self.window, node_id)
+        self._attached = self.hub.attach.remote(components)
+        self.differs = None
+        self._release = weakref.finalize(self, _detach, self.hub, os.getpid())
+        atexit.register(self._release)
+
+    def usable(self) -> bool:
+        """The hub answered, and this loader's batches are the stream's. Waits for the
+        answer once (a new hub starts in about a second; one that does not answer within
+        ``_ATTACH_TIMEOUT_S`` is given up). A loader that differs is warned once, naming
+        how, and keeps its own workers."""
+        if self.differs is None:
+            if self._attached is None:
+                return False
+            try:
+                self.differs = ray.get(self._attached, timeout=_ATTACH_TIMEOUT_S)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+                self.lost(f"its hub did not start ({type(exc).__name__})")
+                return False
+            if self.differs:
+                warnings.warn(
+                    f"dpex: share={self.name!r}: this loader differs from the stream's first "
+                    f"loader in {', '.join(self.differs)}; it runs on its own workers "
+                    "(a dpex.cached stage is still shared through the cache)", stacklevel=3)
+        return not self.differs
+
+    def claim(self, key: bytes, slot: Any, tasks: list[tuple[int, Any]],
+              after: Any) -> tuple[Any, bool]:
+        """(the reference of ``key``'s batch, whether ``slot``'s own worker makes it).
+        Raises Ray's error if the hub is gone."""
+        refs, produced = ray.get(self.hub.claim.remote(
+            key, slot.actor, slot.worker_id, tasks, slot.generation,
+            [after] if after is not None else [],
+            [slot.barrier] if slot.barrier is not None else []))
+        if produced:
+            self.computed += 1
+        else:
+            self.from_stream += 1
+        return refs[0], produced
+
+    def forget(self, keys: list[bytes]) -> None:
+        if self.hub is not None and keys:
+            try:
+                self.hub.forget.remote(keys)
+            except Exception:  # noqa: BLE001 - a hub that is gone forgets by itself
+                pass
+
+    def lost(self, why: str) -> None:
+        """An iterator stopped sharing: the next one finds (or starts) a hub anew."""
+        self.stops.append(why)
+        if self._release is not None:
+            self._release.detach()
+        self.hub = self._attached = self._release = None
+
+    def close(self) -> None:
+        if self._release is not None:
+            self._release()
+        self.hub = self._attached = self._release = None
+
+    def describe(self) -> dict[str, Any]:
+        """What ``loader.stats().share`` shows."""
+        return {"name": self.name, "from_stream": self.from_stream,
+                "computed": self.computed, "differs": list(self.differs or ()),
+                "stops": list(self.stops)}
+
+
+def _detach(hub: Any, owner_pid: int) -> None:
+    """Leave the stream; the last loader to leave ends the hub. Only in the process that
+    attached (a forked child collecting the trainer's garbage must not call its Ray)."""
+    if owner_pid != os.getpid() or not ray.is_initialized():
+        return
+    try:
+        if ray.get(hub.detach.remote(), timeout=10) == 0:
+            ray.kill(hub, no_restart=True)
+    except Exception:  # noqa: BLE001 - a hub that is gone needs nothing
+        pass
