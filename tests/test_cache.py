@@ -108,6 +108,26 @@ def test_the_namespace_changes_with_attributes_files_and_code(tmp_path):
     assert fingerprint.namespace(load, ds, "v1") != fingerprint.namespace(_Files.load.fn, ds, "v1")
 
 
+class _Subclassed(_Files):
+    """A stage and a ``__getitem__`` that call ``super()``: a closure over their class."""
+
+    @dpex.cached
+    def load(self, i):
+        return super().load.fn(self, i) + 1
+
+    def __getitem__(self, i):
+        return super().__getitem__(i)
+
+
+def test_a_stage_that_calls_super_has_a_namespace():
+    # Its __class__ cell is a class: once a recursion without end (type.__call__'s type's
+    # __call__, ...), a RecursionError in every loader of such a dataset.
+    ds = _Subclassed([])
+    assert fingerprint.namespace(_Subclassed.load.fn, ds, None) != fingerprint.namespace(
+        _Files.load.fn, ds, None)
+    assert fingerprint.code_digest(_Subclassed.__getitem__)
+
+
 def test_the_namespace_is_the_same_in_every_process(tmp_path):
     """A set's order follows the process's hash seed; the digest must not."""
     code = ("import sys; sys.path.insert(0, %r); from test_cache import _Files; "

@@ -40,6 +40,36 @@ needs_token_auth = pytest.mark.skipif(not TOKEN_AUTH, reason="this Ray has no to
 BIN = os.path.dirname(sys.executable)
 RECORD = "/tmp/ray/ray_current_cluster"  # where `ray start` records the address (Ray's default)
 
+TRAIN_SHARE = '''
+import json, os, random, sys, time
+import torch
+import dpex
+
+class Noisy(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]) + torch.rand(1) + random.random()
+
+mode, barrier = sys.argv[1], sys.argv[2:]
+extra = {} if mode == "torch" else dict(distribute_mode=True, share="two-jobs")
+loader = dpex.DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=1,
+                         generator=torch.Generator().manual_seed(9), **extra)
+epochs = []
+for epoch in range(4):
+    batches = []
+    for batch in loader:
+        batches.append(batch.tolist())
+        if barrier and epoch == 0 and len(batches) == 1:  # both jobs have their workers
+            open(barrier[0], "w").close()
+            while not os.path.exists(barrier[1]):
+                time.sleep(0.01)
+        time.sleep(0.05)  # the training step
+    epochs.append(batches)
+share = loader.stats().share if mode != "torch" else None
+print(json.dumps({"epochs": epochs, "share": share}))
+'''
+
 MYDATA = '''
 import torch
 
@@ -216,6 +246,7 @@ def can_drop_priority_privilege() -> bool:
 def cluster(tmp_path_factory):
     project = tmp_path_factory.mktemp("project")
     for name, text in (("mydata.py", MYDATA), ("train.py", TRAIN), ("train_ddp.py", TRAIN_DDP),
+                       ("train_share.py", TRAIN_SHARE),
                        ("train_lightning.py", TRAIN_LIGHTNING),
                        ("nicedata.py", NICEDATA), ("train_niceness.py", TRAIN_NICENESS)):
         (project / name).write_text(textwrap.dedent(text))
@@ -365,6 +396,51 @@ def test_a_script_that_joined_ends_clean_and_leaves_no_actor_there(cluster, end)
     from helpers import wait_until
 
     assert wait_until(lambda: alive_dpex_actors(cluster) == [], 30)
+
+
+@pytest.mark.slow
+def test_two_jobs_on_the_cluster_share_one_stream_with_torchs_bits(cluster, tmp_path):
+    """Two `python train_share.py` jobs (a sweep's trials: same data, same seed) joined to
+    the cluster at once: each batch is made once, each job's batches are torch's, and the
+    stream's hub ends with the jobs."""
+    from conftest import Job
+
+    def job(*args):
+        return Job([os.path.join(BIN, "python"), "train_share.py", *args], timeout=240,
+                   cwd=cluster["project"], env=user_env(RAY_ADDRESS=cluster["address"]))
+
+    reference = job("torch")
+    a, b = tmp_path / "a", tmp_path / "b"
+    jobs = [job("dpex", str(a), str(b)), job("dpex", str(b), str(a))]
+    outs = []
+    for started in [reference, *jobs]:
+        code, out, err = started.result()
+        assert code == 0, err[-4000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    expected = outs[0]["epochs"]
+    for out in outs[1:]:
+        assert out["epochs"] == expected  # floats through JSON: exact
+    shares = [out["share"] for out in outs[1:]]
+    assert all(not s["stops"] and not s["differs"] for s in shares), shares
+    # 64 batches a job: made once after the barrier (the first epoch's first ones twice, at most).
+    assert sum(s["computed"] for s in shares) <= 64 + 4, shares
+    assert sum(s["from_stream"] for s in shares) >= 64 - 4, shares
+    from helpers import wait_until
+
+    assert wait_until(lambda: alive_actors_of(cluster, "StreamHub") == [], 30)
+
+
+def alive_actors_of(cluster, class_name: str) -> list[str]:
+    """The cluster's ALIVE actors of ``class_name``, through Ray's state API, from a user's
+    shell."""
+    code = ("import json; from ray.util.state import list_actors; print(json.dumps("
+            "[a.actor_id for a in list_actors(address=%r, filters=[('state', '=', 'ALIVE'), "
+            "('class_name', '=', %r)])]))" % (cluster["address"], class_name))
+    auth = {"RAY_AUTH_MODE": "token"} if TOKEN_AUTH else {}  # the state API needs it said
+    proc = subprocess.run([os.path.join(BIN, "python"), "-c", code], env=user_env(**auth),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- errors

@@ -8,6 +8,7 @@ import gc
 import itertools
 import os
 import signal
+import warnings
 
 import pytest
 import ray
@@ -18,6 +19,7 @@ from dpex.share import keys
 from helpers import (
     REFERENCE_CONTEXT,
     AugmentedDataset,
+    LargeRandom,
     alive_actor_count,
     assert_batches_equal,
     wait_until,
@@ -94,29 +96,49 @@ def test_two_loaders_leapfrogging_make_each_batch_once_with_torchs_bits(persiste
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_a_late_joiner_computes_what_the_window_no_longer_holds():
-    expected = torch_epochs(2, persistent_workers=True)
-    first = shared("late", persistent_workers=True)
-    late = shared("late", persistent_workers=True)
-    assert_batches_equal(expected[0], list(first))  # a whole epoch before the other starts
+def test_a_late_joiner_reads_what_the_window_holds_and_computes_the_rest():
+    # 8 MiB batches: the window (a fifth of the 256 MiB store, at least 16 batches) holds
+    # 16 of an epoch's 24; the late joiner makes the first ones itself.
+    def loader(cls, **kwargs):
+        return cls(LargeRandom(96, mib=2.0), batch_size=4, num_workers=2, shuffle=True,
+                   persistent_workers=True, generator=torch.Generator().manual_seed(3), **kwargs)
+
+    reference = loader(torch.utils.data.DataLoader, multiprocessing_context=REFERENCE_CONTEXT)
+    expected = [list(reference) for _ in range(2)]
+    first = loader(dpex.DataLoader, distribute_mode=True, share="late")
+    late = loader(dpex.DataLoader, distribute_mode=True, share="late")
+    ahead = iter(first)
+    got_first = [next(ahead) for _ in range(20)]  # 24 claimed: the window holds the last 16
+    window = ray.get(first._shared.hub.describe.remote())["window"]
+    assert window == 16
+    assert_batches_equal(expected[0], list(late), "late joiner, its first epoch")
+    share = late.stats().share
+    assert share["computed"] == 24 - window and share["from_stream"] == window, share
+    assert_batches_equal(expected[0], got_first + list(ahead), "first loader, its first epoch")
+    # The next epoch, on workers that made some of their batches and read others.
     got_late, got_first = leapfrog([late, first], [3])
-    assert_batches_equal(expected[0], got_late, "late joiner, its first epoch")
+    assert_batches_equal(expected[1], got_late, "late joiner, its second epoch")
     assert_batches_equal(expected[1], got_first, "first loader, its second epoch")
-    # Its second epoch, once its workers made their own batches and read the stream's.
-    assert_batches_equal(expected[1], list(late), "late joiner, its second epoch")
-    assert late.stats().share["computed"] >= 24 - first._shared.window
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_a_loader_that_differs_is_told_how_and_runs_alone():
+def test_a_loader_that_differs_is_told_how_and_a_val_loader_is_not():
     expected = torch_epochs(1, seed=6)
     a = shared("differs")
     list(a)  # the stream's first loader
     b = shared("differs", seed=6)
-    with pytest.warns(UserWarning, match=r"share='differs'.*differs .*in the seed"):
+    with pytest.warns(UserWarning, match=r"share='differs'.*differs in the seed"):
         got = list(b)
     assert_batches_equal(expected[0], got)
-    assert b.stats().share["from_stream"] == 0
+    assert b.stats().share["from_stream"] == 0 and b.stats().share["differs"]
+    # Another dataset under the same name (a val loader): its own stream, no warning.
+    val = dpex.DataLoader(AugmentedDataset(N // 2), batch_size=4, num_workers=2,
+                          distribute_mode=True, share="differs")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(val)
+    assert not [w for w in caught if "share=" in str(w.message)]
+    assert val.stats().share["differs"] == []
 
 
 @pytest.mark.usefixtures("ray_session")

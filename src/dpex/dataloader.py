@@ -330,8 +330,7 @@ class DataLoader(TorchDataLoader):
         if self.share is not None and self._shared is None:
             from dpex.share.stream import SharedStream
 
-            window = max(16, 4 * self.prefetch_factor * self.num_workers)
-            self._shared = SharedStream(self.share, window)
+            self._shared = SharedStream(self.share, window_share=0.2)
         return self._shared
 
     def _share_components(self) -> dict[str, str]:

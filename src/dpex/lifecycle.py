@@ -222,6 +222,7 @@ class ProcessLifecycle:
             for ref in [r for r, (s, _) in self._calls.items() if s is slot]:
                 del self._calls[ref]
                 self._unarrived.pop(ref, None)
+                self._shared_calls.pop(ref, None)
             slot.restarts += 1
             self._begin_slot(slot)
             for task_id, index in lost:

@@ -152,8 +152,11 @@ class Receive:
             slot.position = WorkerPosition(result.rng_state, result.dataset_state)
             if result.kind == DATA:
                 self._store.received(result.task_id, result.nbytes)
+                if shared is not None:
+                    self._share.measured(result.nbytes)
             if made_here:  # another trainer's worker's pace and cache are its own
                 slot.process.record(result.busy_s, result.cpu_s)
+                self._stats.worker_cpu_s += result.cpu_s
                 if result.cache:
                     self._stats.record_cache(result.cache)
             if self._is_iterable:

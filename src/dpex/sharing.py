@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from dpex.local_workers import LocalActor
 from dpex.share import keys
@@ -38,6 +38,7 @@ class Sharing:
             self._share.stops.append("a resumed epoch runs on its own workers")
             return
         self._share_on = True
+        self._share.epoch += 1
         self._share_components = loader._share_components()
         self._share_key = keys.epoch_key(self._share_components, self._base_seed)
 
@@ -56,6 +57,7 @@ class Sharing:
         base = self._share_keys.get(last, self._share_key)
         self._share_key = keys.next_epoch(keys.task_key(base, -1, last))
         self._share_keys = {}
+        self._share.epoch += 1
 
     def _submit_shared(self, slot: WorkerSlot, tasks: list[tuple[int, Any]]) -> bool:
         """Claim ``tasks`` (one) from the stream; False: submit them directly."""
@@ -64,16 +66,16 @@ class Sharing:
             return False
         stream = self._share
         if stream.hub is None:
-            stream.attach(self._share_components, self._picker.trainer_node_id)
-        if not stream.usable():  # it differs, or the hub did not start
-            why = "this loader differs from the stream" if stream.differs else stream.stops[-1]
-            return slot in self._stop_sharing(why)
+            node = self._picker.trainer_node_id
+            stream.attach(self._share_components, node, self._store.capacities.get(node, 0.0))
+        if not stream.usable():  # the hub did not start
+            return slot in self._stop_sharing(stream.stops[-1])
         key = self._share_keys.get(tasks[0][0])
         if key is None:
             return False
         try:
             ref, made_here = stream.claim(key, slot, tasks, slot.after_ref)
-        except RayError as exc:
+        except (RayError, GetTimeoutError) as exc:
             stream.lost(f"its hub is gone ({type(exc).__name__})")
             return slot in self._stop_sharing(stream.stops[-1])
         slot.after_ref = None if made_here else ref

@@ -74,6 +74,8 @@ class StatsSnapshot:
             the limit then).
         store_spilled_bytes: bytes Ray had spilled from the object stores to disk at the end
             of the last epoch, by all of the cluster's work (None: Ray did not say).
+        worker_cpu_s: CPU seconds its worker processes spent making its batches (with
+            ``share=``, not those another loader's workers made for it).
         share: with ``share=``, the loader's part in the shared stream: ``from_stream``
             (batches another loader's workers made), ``computed`` (batches its own made
             for the stream), ``differs`` (how it differs from the stream, if it does) and
@@ -103,6 +105,7 @@ class StatsSnapshot:
     store_budget: dict[str, int] = field(default_factory=dict)
     store_wait_s: float = 0.0
     store_spilled_bytes: int | None = None
+    worker_cpu_s: float = 0.0
     share: dict | None = None
 
     @property
@@ -165,6 +168,7 @@ class LoaderStats:
     store_budget: dict = field(default_factory=dict)
     store_wait_s: float = 0.0
     store_spilled_bytes: int | None = None
+    worker_cpu_s: float = 0.0
 
     def start_epoch(self) -> None:
         if self.started_at is None:
@@ -240,4 +244,5 @@ class LoaderStats:
             store_budget=dict(self.store_budget),
             store_wait_s=self.store_wait_s,
             store_spilled_bytes=self.store_spilled_bytes,
+            worker_cpu_s=self.worker_cpu_s,
         )

@@ -56,12 +56,18 @@ def entry_key(args: tuple, kwargs: dict) -> str:
     return digest.hexdigest()
 
 
-def code_digest(fn: Any) -> bytes:
+def code_digest(fn: Any, _depth: int = 0) -> bytes:
     digest = hashlib.blake2b(digest_size=16)
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
-    if code is None:  # a callable object: its class's __call__, and its state
-        digest.update(code_digest(type(fn).__call__) + _pickled(vars(fn)))
+    if code is None:
+        if isinstance(fn, type) or not hasattr(fn, "__dict__") or _depth > _MAX_DEPTH:
+            # A class (``super()``'s ``__class__`` cell), a builtin: by its name.
+            name = getattr(fn, "__qualname__", type(fn).__qualname__)
+            digest.update(f"{getattr(fn, '__module__', '')}.{name}".encode())
+            return digest.digest()
+        # A callable object: its class's __call__, and its state.
+        digest.update(code_digest(type(fn).__call__, _depth + 1) + _pickled(vars(fn)))
         return digest.digest()
     _add_code(digest, code)
     digest.update(_pickled(getattr(fn, "__defaults__", None)))
@@ -71,7 +77,8 @@ def code_digest(fn: Any) -> bytes:
             contents = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        digest.update(code_digest(contents) if callable(contents) else _pickled(contents))
+        digest.update(code_digest(contents, _depth + 1) if callable(contents)
+                      else _pickled(contents))
     return digest.digest()
 
 

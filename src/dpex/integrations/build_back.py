@@ -21,6 +21,7 @@ def dpex_like(base: Any, original: Any, **keep: Any) -> Any:
         pin_memory_device=base.pin_memory_device, in_order=getattr(base, "in_order", True),
         distribute_mode=original.distribute_mode, head_address=original.head_address,
         worker_options=original.worker_options, cache=original.cache or False,
+        share=getattr(original, "share", None),
     )
     # torch keeps what it was given apart from what it derived: rebuild from the former.
     if isinstance(base.dataset, IterableDataset):

@@ -25,32 +25,36 @@ _ATTACH_TIMEOUT_S = 30.0
 class SharedStream:
     """``share=name`` of one loader: claims go to the stream's hub once it answered."""
 
-    def __init__(self, name: str, window: int) -> None:
+    def __init__(self, name: str, window_share: float) -> None:
         self.name = name
-        self.window = window
+        self.window_share = window_share  # of the trainer's node's object store
+        self.batch_bytes = 0.0  # this loader's batches' average size, as the hub is told
         self.hub: Any = None
         self._attached: Any = None  # the reference of this loader's attach call
         self.differs: list[str] | None = None  # known once the hub answered
         self.from_stream = 0  # batches another loader's worker made
         self.computed = 0  # batches this loader's workers made for the stream
         self.stops: list[str] = []  # why an iterator stopped sharing
+        self.epoch = -1  # the loader's epochs so far: a task's position is (epoch, task id)
         self._release = None
 
-    def attach(self, components: dict[str, str], node_id: str | None) -> None:
-        """Find or start the hub and join it (it answers while the epoch goes on)."""
+    def attach(self, components: dict[str, str], node_id: str | None,
+               store_bytes: float) -> None:
+        """Find or start the hub and join it; a new hub's window takes ``window_share``
+        of ``store_bytes``, the trainer's node's object store."""
         if self.hub is not None:
             return
-        self.hub = hub_for(user(), self.name, self.window, node_id)
+        self.hub = hub_for(user(), self.name, int(self.window_share * store_bytes), node_id)
         self._attached = self.hub.attach.remote(components)
         self.differs = None
         self._release = weakref.finalize(self, _detach, self.hub, os.getpid())
         atexit.register(self._release)
 
     def usable(self) -> bool:
-        """The hub answered, and this loader's batches are the stream's. Waits for the
-        answer once (a new hub starts in about a second; one that does not answer within
-        ``_ATTACH_TIMEOUT_S`` is given up). A loader that differs is warned once, naming
-        how, and keeps its own workers."""
+        """The hub answered: wait for it once (a new hub starts in about a second; one
+        that does not answer within ``_ATTACH_TIMEOUT_S`` is given up). A loader that
+        resembles one of the stream's but differs is warned once, naming how: its keys
+        differ, so it makes its own batches."""
         if self.differs is None:
             if self._attached is None:
                 return False
@@ -61,24 +65,33 @@ class SharedStream:
                 return False
             if self.differs:
                 warnings.warn(
-                    f"dpex: share={self.name!r}: this loader differs from the stream's first "
-                    f"loader in {', '.join(self.differs)}; it runs on its own workers "
-                    "(a dpex.cached stage is still shared through the cache)", stacklevel=3)
-        return not self.differs
+                    f"dpex: share={self.name!r}: this loader has the dataset of another of "
+                    f"the stream's loaders but differs in {', '.join(self.differs)}; it "
+                    "makes its own batches (a dpex.cached stage is still shared through "
+                    "the cache)", stacklevel=3)
+        return True
 
     def claim(self, key: bytes, slot: Any, tasks: list[tuple[int, Any]],
               after: Any) -> tuple[Any, bool]:
         """(the reference of ``key``'s batch, whether ``slot``'s own worker makes it).
-        Raises Ray's error if the hub is gone."""
+        Raises Ray's error if the hub is gone, or does not answer within
+        ``_ATTACH_TIMEOUT_S`` (its node is lost, say)."""
         refs, produced = ray.get(self.hub.claim.remote(
             key, slot.actor, slot.worker_id, tasks, slot.generation,
             [after] if after is not None else [],
-            [slot.barrier] if slot.barrier is not None else []))
+            [slot.barrier] if slot.barrier is not None else [], (self.epoch, tasks[0][0]),
+            self.batch_bytes), timeout=_ATTACH_TIMEOUT_S)
         if produced:
             self.computed += 1
         else:
             self.from_stream += 1
         return refs[0], produced
+
+    def measured(self, nbytes: int) -> None:
+        """A batch of this loader took ``nbytes`` in the object store."""
+        if nbytes > 0:
+            self.batch_bytes = (nbytes if self.batch_bytes <= 0
+                                else 0.9 * self.batch_bytes + 0.1 * nbytes)
 
     def forget(self, keys: list[bytes]) -> None:
         if self.hub is not None and keys:
