@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -54,6 +55,8 @@ def runs(tmp_path_factory):
                       "--workers=1", "--distribute-mode", f"--results-json={out / 'ddp.json'}"]),
         "cached": start([sys.executable, os.path.join(EXAMPLES, "cached_decode.py"),
                          "--images=128", "--epochs=3", "--head-address=embedded"]),
+        "shared": start([sys.executable, os.path.join(EXAMPLES, "shared_stream.py"),
+                         "--images=256", "--epochs=16", "--head-address=embedded"]),
     }
     yield out, jobs
     for job in jobs.values():
@@ -104,6 +107,15 @@ def test_cached_decode_is_torchs_bits_and_reads_back(runs):
     assert "bitwise equal to torch's batches: True" in stdout
     assert "epoch 0: " in stdout and "epoch 2: " in stdout
     assert "Photos.decode: " in stdout and "% hits" in stdout
+
+
+@pytest.mark.slow
+def test_shared_stream_is_torchs_bits_and_makes_each_batch_once(runs):
+    _out, jobs = runs
+    stdout = stdout_of(jobs["shared"])
+    assert "bitwise equal to torch's batches: True" in stdout
+    read = [int(n) for n in re.findall(r"(\d+) batches read from the stream", stdout)]
+    assert len(read) == 2 and sum(read) > 0, stdout  # once the workers are on Ray
 
 
 def _record(setup: str, mode: bool, losses: list[float], weights: str) -> RunRecord:

@@ -7,10 +7,8 @@ With ``distribute_mode=False`` (the default) every iteration is torch's own code
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -27,17 +25,10 @@ from dpex.integrations import rebuilt
 from dpex.move_policy import MovePolicy
 from dpex.placement import WorkerOptions
 from dpex.ray_metrics import LoaderMetrics, default_name
-from dpex.resume import (
-    PADDING,
-    EpochRecord,
-    PendingResume,
-    RecordingCollate,
-    Recorded,
-    ResumingWorkerInit,
-    skipping,
-)
+from dpex.resume import EpochRecord, PendingResume, RecordingCollate, ResumingWorkerInit
 from dpex.stats import LoaderStats, StatsSnapshot
 from dpex.timeline import Timeline
+from dpex.torch_mode import ResumingIndexSampler, TimedIterator, swapped
 
 __all__ = ["DataLoader", "DpexDataLoader"]
 
@@ -137,7 +128,7 @@ class DataLoader(TorchDataLoader):
         # Worker id -> its recent results' bytes, kept over epochs (dpex.store_budget).
         self._result_sizes: dict = {}
         self._pending_resume: PendingResume | None = None
-        self._resume_sampler: _ResumingIndexSampler | None = None
+        self._resume_sampler: ResumingIndexSampler | None = None
         self._ray_iterator = None
         self._growth = None  # this loader's ask to the cluster's autoscaler (cluster_growth)
         self._move_policy = MovePolicy()  # the rebalancer's evidence and rests, across epochs
@@ -227,9 +218,9 @@ class DataLoader(TorchDataLoader):
                 swaps["generator"] = torch.Generator()
             if workers and self._auto_collation and not isinstance(self.dataset, IterableDataset):
                 pad = resume.skip % workers
-            self._resume_sampler = _ResumingIndexSampler(self._base_index_sampler, resume.skip, pad)
+            self._resume_sampler = ResumingIndexSampler(self._base_index_sampler, resume.skip, pad)
         try:
-            with _swapped(self, swaps):
+            with swapped(self, swaps):
                 inner = super().__iter__()
         finally:
             if self._resume_sampler is not None:
@@ -237,7 +228,7 @@ class DataLoader(TorchDataLoader):
             self._resume_sampler = None
         if self.persistent_workers and workers:
             self._torch_persistent_started = True
-        return _TimedIterator(inner, self._stats, self._record)
+        return TimedIterator(inner, self._stats, self._record)
 
     @property
     def _index_sampler(self):
@@ -342,75 +333,6 @@ class DataLoader(TorchDataLoader):
                 self.dataset, self.num_workers, getattr(self.batch_sampler, "batch_size", None),
                 self.drop_last, self.collate_fn, self.worker_init_fn, self.generator)
         return self._share_parts
-
-
-class _TimedIterator:
-    """Wraps torch's own iterator (unchanged): measures how long the training loop waits,
-    and keeps the position record from what the workers' RecordingCollate attached."""
-
-    def __init__(self, inner: Iterator[Any], stats: LoaderStats, record: EpochRecord) -> None:
-        self._inner = inner
-        self._stats = stats
-        self._record = record
-        stats.start_epoch()
-
-    def __iter__(self) -> _TimedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        started = time.perf_counter()
-        try:
-            data = next(self._inner)
-            while isinstance(data, str) and data == PADDING:
-                data = next(self._inner)
-        except StopIteration:
-            self._record.complete = True
-            raise
-        worker_id = None
-        if isinstance(data, Recorded):
-            worker_id = data.worker_id
-            self._record.deliver(worker_id, data.rng, data.dataset_state)
-            data = data.batch
-        else:
-            self._record.deliver(None, None, None)
-        self._stats.record_batch(time.perf_counter() - started, worker_id)
-        return data
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-
-class _ResumingIndexSampler:
-    """The loader's index sampler for one resumed epoch: pads, then skips handed-out batches.
-
-    Disarmed once torch's iterator is built: a persistent torch iterator keeps this object and
-    re-iterates it next epoch, when it must behave as the plain sampler again.
-    """
-
-    def __init__(self, base, skip: int, pad: int) -> None:
-        self.base, self.skip, self.pad = base, skip, pad
-
-    def disarm(self) -> None:
-        self.skip = self.pad = 0
-
-    def __iter__(self):
-        return skipping(self.base, self.skip, self.pad, [])
-
-    def __len__(self) -> int:
-        return len(self.base) - self.skip + self.pad
-
-
-@contextlib.contextmanager
-def _swapped(loader: DataLoader, attributes: dict[str, Any]):
-    """Set loader attributes while torch's iterator is built (it reads them then)."""
-    saved = {name: getattr(loader, name) for name in attributes}
-    for name, value in attributes.items():
-        object.__setattr__(loader, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            object.__setattr__(loader, name, value)
 
 
 DpexDataLoader = DataLoader

@@ -30,6 +30,7 @@ from dpex import allocator, transport, user_code
 from dpex.cache import runtime as cache_runtime
 from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
+from dpex.niceness import set_every_thread
 from dpex.resume import WorkerPosition, dataset_state, restore_position
 from dpex.seeding import RngState, seed_worker
 from dpex.compat import clear_worker_info, set_worker_info, worker_info_hidden
@@ -375,39 +376,14 @@ class Worker:
         return collate
 
     def _set_niceness(self, niceness: int) -> None:
-        """Run every thread of this process at ``niceness``; remember when the system refuses
-        (raising priority needs a privilege).
-
-        On Linux a niceness belongs to a thread: ``setpriority(PRIO_PROCESS, 0, n)`` changes
-        only the calling one, so the threads Ray started before dpex got control (its
-        ``ray::IDLE`` and core worker threads, jemalloc's) would keep Ray's 15, and a result
-        would wait for them on a core where anything runs at normal priority. Every thread
-        is set, at each ``begin``; a thread started later inherits its creator's niceness.
-        """
-        denied = False
-        for tid in _thread_ids():
-            try:
-                if os.getpriority(os.PRIO_PROCESS, tid) != niceness:
-                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
-            except PermissionError:
-                denied = True
-            except ProcessLookupError:  # the thread ended meanwhile
-                pass
-        self.niceness_denied = denied
+        """``niceness.set_every_thread``; remember when the system refuses."""
+        self.niceness_denied = set_every_thread(niceness)
 
 
 def _out_of_shared_memory(exc: BaseException) -> bool:
     """torch's error when a tensor cannot get shared memory (its allocator's messages)."""
     return isinstance(exc, RuntimeError) and re.search(
         r"shared memory|unable to write to file|unable to mmap", str(exc)) is not None
-
-
-def _thread_ids() -> list[int]:
-    """This process's thread ids (Linux), else just 0: the calling thread/process."""
-    try:
-        return [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:
-        return [0]
 
 
 def _private_memory_collate(collate_fn: Callable) -> Callable:
