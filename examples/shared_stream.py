@@ -14,7 +14,6 @@ local processes, each trial on its own; the stream begins once the workers are o
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 
 import torch
