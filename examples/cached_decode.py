@@ -66,14 +66,20 @@ def epochs(loader, count: int) -> tuple[list[list], list[float]]:
     return batches, seconds
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=512)
-    parser.add_argument("--epochs", type=int, default=4)
+def arguments(argv: list[str] | None, doc: str, images: int,
+              epochs: int) -> tuple[argparse.Namespace, str | None]:
+    """The examples' options, and the loader's ``head_address`` they name."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--images", type=int, default=images)
+    parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--head-address", default="auto",
                         help='"auto" (default), "embedded" (always a local Ray), or host:port')
     args = parser.parse_args(argv)
-    head = None if args.head_address == "embedded" else args.head_address
+    return args, None if args.head_address == "embedded" else args.head_address
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, head = arguments(argv, __doc__, images=512, epochs=4)
     with tempfile.TemporaryDirectory(prefix="dpex-example-") as folder:
         dataset = Photos(make_images(folder, args.images))
         torch.manual_seed(0)

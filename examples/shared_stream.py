@@ -13,13 +13,12 @@ local processes, each trial on its own; the stream begins once the workers are o
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 
 import torch
 
 import dpex
-from cached_decode import Photos, make_images
+from cached_decode import Photos, arguments, make_images
 
 
 def loader_for(dataset, **kwargs):
@@ -31,13 +30,7 @@ def loader_for(dataset, **kwargs):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=16)
-    parser.add_argument("--head-address", default="auto",
-                        help='"auto" (default), "embedded" (always a local Ray), or host:port')
-    args = parser.parse_args(argv)
-    head = None if args.head_address == "embedded" else args.head_address
+    args, head = arguments(argv, __doc__, images=256, epochs=16)
     with tempfile.TemporaryDirectory(prefix="dpex-example-") as folder:
         dataset = Photos(make_images(folder, args.images))
         reference = loader_for(dataset, cls=torch.utils.data.DataLoader, persistent_workers=True)
