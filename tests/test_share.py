@@ -20,6 +20,7 @@ from helpers import (
     REFERENCE_CONTEXT,
     AugmentedDataset,
     LargeRandom,
+    StatefulIterable,
     alive_actor_count,
     assert_batches_equal,
     wait_until,
@@ -139,6 +140,65 @@ def test_a_loader_that_differs_is_told_how_and_a_val_loader_is_not():
         list(val)
     assert not [w for w in caught if "share=" in str(w.message)]
     assert val.stats().share["differs"] == []
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_loops_broken_off_mid_epoch_go_on_with_torchs_bits():
+    # Both trainers leave epoch 0 after 10 batches (persistent workers: the workers are put
+    # back where torch's would stand, and the next epoch's keys say where that is).
+    reference = torch.utils.data.DataLoader(
+        AugmentedDataset(N), batch_size=4, num_workers=2, shuffle=True, persistent_workers=True,
+        generator=torch.Generator().manual_seed(5), multiprocessing_context=REFERENCE_CONTEXT)
+    expected = [list(itertools.islice(reference, 10)), list(reference)]
+    a = shared("broken", persistent_workers=True)
+    b = shared("broken", persistent_workers=True)
+    iterators, got = [iter(a), iter(b)], [[], []]
+    for who in [0] * 3 + [1] * 5 + [0] * 7 + [1] * 5:  # each is ahead at times
+        got[who].append(next(iterators[who]))
+    del iterators
+    assert_batches_equal(expected[0], got[0], "a, epoch 0")
+    assert_batches_equal(expected[0], got[1], "b, epoch 0")
+    got = leapfrog([a, b], [1, 4])
+    assert_batches_equal(expected[1], got[0], "a, epoch 1")
+    assert_batches_equal(expected[1], got[1], "b, epoch 1")
+    assert a.stats().share["from_stream"] + b.stats().share["from_stream"] > 0
+    assert not a.stats().share["stops"] and not b.stats().share["stops"]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_loop_broken_off_and_one_that_was_not_share_nothing_after():
+    # Their workers stand elsewhere at the next epoch (torch's broken-off loader's ran 14
+    # tasks, the other's 24): same indices, other bits, so other keys.
+    def reference(batches: int | None) -> list:
+        loader = torch.utils.data.DataLoader(
+            AugmentedDataset(N), batch_size=4, num_workers=2, shuffle=True,
+            persistent_workers=True, generator=torch.Generator().manual_seed(5),
+            multiprocessing_context=REFERENCE_CONTEXT)
+        return [list(itertools.islice(loader, batches)), list(loader)]
+
+    broken, whole = reference(10), reference(None)
+    a = shared("diverged", persistent_workers=True)
+    b = shared("diverged", persistent_workers=True)
+    it = iter(a)
+    assert_batches_equal(broken[0], [next(it) for _ in range(10)])
+    del it
+    assert_batches_equal(whole[0], list(b))
+    before = a.stats().share["from_stream"] + b.stats().share["from_stream"]
+    got_a, got_b = leapfrog([a, b], [2, 3])
+    assert_batches_equal(broken[1], got_a, "the loop broken off, its next epoch")
+    assert_batches_equal(whole[1], got_b, "the whole loop, its next epoch")
+    assert a.stats().share["from_stream"] + b.stats().share["from_stream"] == before
+
+
+def test_an_iterable_dataset_is_told_it_runs_alone(ray_local):
+    def loader(cls, **kwargs):
+        return cls(StatefulIterable(16), batch_size=4, num_workers=2,
+                   generator=torch.Generator().manual_seed(2), **kwargs)
+
+    expected = list(loader(torch.utils.data.DataLoader, multiprocessing_context=REFERENCE_CONTEXT))
+    with pytest.warns(UserWarning, match="share='iterable' needs a map-style dataset"):
+        got = list(loader(dpex.DataLoader, distribute_mode=True, share="iterable"))
+    assert_batches_equal(expected, got)
 
 
 @pytest.mark.usefixtures("ray_session")
