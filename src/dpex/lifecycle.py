@@ -253,13 +253,19 @@ class ProcessLifecycle:
             self._drop_process(source, reuse=True)
 
     def _flush_pending(self, slot: WorkerSlot, count: int | None = None) -> None:
-        """Submit the (first ``count``) tasks pending for ``slot``, in order, in one call."""
+        """Submit the (first ``count``) tasks pending for ``slot``, in order, in one call
+        (one a call while a shared stream is on)."""
         if not slot.pending:
             return
-        tasks = [slot.pending.popleft() for _ in range(min(count or len(slot.pending),
-                                                              len(slot.pending)))]
-        slot.in_flight.update(tasks)
-        self._submit(slot, tasks)
+        count = min(count or len(slot.pending), len(slot.pending))
+        # A shared stream claims task by task; one that stops while it claims leaves the
+        # rest pending, to go directly (NOTE [ dpex Shared Stream ]).
+        for size in [1] * count if self._share_on else [count]:
+            if not slot.pending:
+                return
+            tasks = [slot.pending.popleft() for _ in range(size)]
+            slot.in_flight.update(tasks)
+            self._submit(slot, tasks)
 
     def _hosted(self, proc: ProcessHandle) -> list[WorkerSlot]:
         return [s for s in self._slots if s.process is proc or s.moving_to is proc]

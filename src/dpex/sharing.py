@@ -60,9 +60,10 @@ class Sharing:
         self._share.epoch += 1
 
     def _submit_shared(self, slot: WorkerSlot, tasks: list[tuple[int, Any]]) -> bool:
-        """Claim ``tasks`` (one) from the stream; False: submit them directly."""
-        if (not self._share_on or len(tasks) != 1 or slot.process.node_id is None
-                or isinstance(slot.actor, LocalActor)):
+        """Claim ``tasks`` (one task: ``_flush_pending`` sends them one a call while the
+        stream is on) from the stream; False: submit them directly (no stream, or a local
+        process: its worker stands where its results say)."""
+        if not self._share_on or isinstance(slot.actor, LocalActor):
             return False
         stream = self._share
         if stream.hub is None:
@@ -71,8 +72,8 @@ class Sharing:
         if not stream.usable():  # the hub did not start
             return slot in self._stop_sharing(stream.stops[-1])
         key = self._share_keys.get(tasks[0][0])
-        if key is None:
-            return False
+        if key is None:  # not one of this epoch's keyed tasks: go on alone, in order
+            return slot in self._stop_sharing("a task without a key")
         try:
             ref, made_here = stream.claim(key, slot, tasks, slot.after_ref)
         except (RayError, GetTimeoutError) as exc:
