@@ -98,8 +98,9 @@ def test_cold_warm_off_and_a_later_job_are_torchs_bits(ray_local, tmp_path, pers
 def _owner_entries() -> int:
     import ray
 
-    return sum(ray.get(ray.get_actor(a.name, namespace=RAY_NAMESPACE).describe.remote())["entries"]
-               for a in _owners())
+    # The handle kept in a name: Ray 2.40 loses a handle that only a chained call holds.
+    handles = [ray.get_actor(a.name, namespace=RAY_NAMESPACE) for a in _owners()]
+    return sum(ray.get(handle.describe.remote())["entries"] for handle in handles)
 
 
 def test_lost_entries_and_a_dead_worker_keep_torchs_bits(ray_local, tmp_path):
