@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import warnings
 
 import pytest
@@ -15,6 +19,7 @@ import ray
 import torch
 
 import dpex
+from conftest import user_env
 from dpex.share import keys
 from helpers import (
     REFERENCE_CONTEXT,
@@ -242,6 +247,45 @@ def test_the_loaders_go_on_alone_through_a_fault_with_torchs_bits(fault):
         assert loader.stats().share["stops"], loader.stats().share  # both went on alone
     if fault is _kill_a_worker_of_the_one_ahead:
         assert b.stats().worker_restarts >= 1
+
+
+SESSIONS = """
+import json, ray, torch, dpex
+from helpers import AugmentedDataset, assert_batches_equal
+
+def make(cls, **kwargs):
+    return cls(AugmentedDataset(64), batch_size=4, num_workers=2, shuffle=True,
+               persistent_workers=True, generator=torch.Generator().manual_seed(3), **kwargs)
+
+if __name__ == "__main__":
+    reference = make(torch.utils.data.DataLoader, multiprocessing_context="spawn")
+    expected = [list(reference) for _ in range(2)]
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    a, b = (make(dpex.DataLoader, distribute_mode=True, share="sessions") for _ in range(2))
+    for loader in (a, b):
+        assert_batches_equal(expected[0], list(loader))
+    shared = a.stats().share["from_stream"] + b.stats().share["from_stream"]
+    ray.shutdown()  # a notebook's next cell joins another Ray
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    for loader in (a, b):
+        assert_batches_equal(expected[1], list(loader))
+    print(json.dumps({"shared": shared, "stops": a.stats().share["stops"]}))
+"""
+
+
+def test_a_new_ray_session_takes_nothing_of_the_last_ones_stream(tmp_path):
+    # Its hub and references stay in the session that made them (NOTE [ dpex Handles Stay
+    # in Their Ray Session ]); the loaders go on, with torch's bits, in the new one.
+    script = tmp_path / "sessions.py"
+    script.write_text(SESSIONS)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = user_env(PYTHONPATH=f"{tests}:{os.path.join(os.path.dirname(tests), 'src')}",
+                   RAY_TMPDIR=tempfile.mkdtemp(prefix="dpx", dir="/tmp"))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=tests)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["shared"] > 0 and "its Ray session ended" in out["stops"], out
 
 
 def test_keys_name_every_difference_and_chain_the_index_batches():

@@ -322,7 +322,7 @@ class ProcessLifecycle:
             self._dataset_ref, list(getattr(self, "_calls", ())),
             list(getattr(self, "_unarrived", ())),
             list(getattr(self, "_task_ref", {}).values()),
-            [s.ready_ref for s in getattr(self, "_slots", ())],
+            [(s.ready_ref, s.after_ref, s.barrier) for s in getattr(self, "_slots", ())],
             [(p.actor, p.ready_ref) for p in getattr(self, "_procs", ())])
         if hasattr(self, "_procs"):
             stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])

@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from dpex import session_handles
 from dpex.cache.options import user
 from dpex.share.hub import hub_for
 
@@ -44,11 +45,18 @@ class SharedStream:
         of ``store_bytes``, the trainer's node's object store."""
         if self.hub is not None:
             return
+        session_handles.hold(self)
         self.hub = hub_for(user(), self.name, int(self.window_share * store_bytes), node_id)
         self._attached = self.hub.attach.remote(components)
         self.differs = None
         self._release = weakref.finalize(self, _detach, self.hub, os.getpid())
         atexit.register(self._release)
+
+    def forget_session(self) -> None:
+        """Its Ray session ended: its handles are kept untouched (NOTE [ dpex Handles Stay
+        in Their Ray Session ]); the next iterator finds or starts a hub in the new one."""
+        session_handles.keep(self.hub, self._attached)
+        self.lost("its Ray session ended")
 
     def usable(self) -> bool:
         """The hub answered: wait for it once (a new hub starts in about a second; one
@@ -125,7 +133,7 @@ def _detach(hub: Any, owner_pid: int) -> None:
     if owner_pid != os.getpid() or not ray.is_initialized():
         return
     try:
-        if ray.get(hub.detach.remote(), timeout=10) == 0:
+        if ray.get(hub.detach.remote(), timeout=5) == 0:
             ray.kill(hub, no_restart=True)
     except Exception:  # noqa: BLE001 - a hub that is gone needs nothing
         pass
