@@ -121,7 +121,7 @@ def run(head: Head, folder: str, epochs: int, trainers: int, share: str | None) 
     return {"trainers": results, "outside_cpu_s": outside}
 
 
-def report(runs: list[dict], sizes: list[int]) -> str:
+def report(runs: list[dict]) -> str:
     lines = ["| repeat | run | trainer | samples/s per epoch | worker CPU s per epoch | "
              "from the stream / made |", "|---|---|---|---|---|---|"]
     for r, by_run in enumerate(runs):
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         head.stop()
     print(f"{args.items} JPEGs of 500x375, batches of 32, 2 workers per trainer, torch's "
           f"defaults, a `ray start` head with Ray's defaults; {args.repeats} repeats\n")
-    print(report(runs, args.trainers))
+    print(report(runs))
     return 0
 
 
