@@ -20,6 +20,8 @@ One task, claimed once
     window holds a fifth of the trainer's node's object store (at least 16 batches), and
     keeps the batches furthest along the run (by epoch, then task): a trainer catching up
     computes what is older than the window without pushing out what it will read next.
+  A call carries one task while a stream is on (not several, as dispatch.py's NOTE
+  chunks cheap ones): a key is one task's.
   Every trainer then ``ray.get``s the same object: on a node, Ray's store holds it once.
   A claim is one actor call, answered at once: nobody waits for another trainer's pace.
   A trainer that is ahead computes; one that is behind reads; one that fell out of the
@@ -41,8 +43,9 @@ Where a worker stands
   since Ray orders an actor's calls per caller only.
 
 When something fails
-  The hub, a worker that computed a shared batch, or a referenced object is lost: the
-  trainer stops sharing for that iterator. Each of its logical workers begins again from
+  The hub, a worker that computed a shared batch, or a referenced object is lost, or a
+  claim is not answered within 30 s: the trainer stops sharing for that iterator (its own
+  dead worker is then recovered as any is). Each of its logical workers begins again from
   its position (the RNG state after its last received batch) on its own process, and what
   it had in flight is fetched again directly. A hub fetch still queued for that worker
   carries an older ``generation`` than its new replica and is refused without running.
