@@ -130,9 +130,9 @@ def ray_local():
 # runs it (default head_address="auto") joins whatever that file names. So:
 # * test_ray_start.py, whose heads write it, holds the record exclusively for the whole
 #   module (``pytestmark = pytest.mark.ray_start_record``);
-# * every other module holds it shared, unless it says (``pytest.mark.no_ray_start_record``)
-#   that nothing in it looks at the record: its Rays are in-process, on ``ray_local``
-#   (address="local") or a cluster it joins by address;
+# * every other module holds it shared, also one that says (``pytest.mark.no_ray_start_record``)
+#   that nothing in it looks at the record (its Rays are in-process, on ``ray_local``, or a
+#   cluster it joins by address): so test_ray_start.py runs alone;
 # * ``ray.cluster_utils.Cluster`` writes the file too, "for convenience in unit testing";
 #   none of ours joins a Cluster that way, so here it does not.
 # The lock is an flock on one file in the machine's temp directory: it holds across the two
@@ -144,9 +144,9 @@ RECORD_LOCK = os.path.join(tempfile.gettempdir(), "dpex-tests-ray-start-record.l
 def _ray_start_record(request):
     import fcntl
 
-    if request.node.get_closest_marker("no_ray_start_record"):
-        yield
-        return
+    # Every module holds it, those marked no_ray_start_record too: twice a Lightning rank of
+    # test_ray_start.py joined another Ray than the module's `ray start` cluster while such a
+    # module ran beside it (cause not found); test_ray_start.py now runs alone.
     writes = request.node.get_closest_marker("ray_start_record") is not None
     with open(RECORD_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if writes else fcntl.LOCK_SH)
