@@ -7,6 +7,7 @@ for the same seed: random augmentations included, the batches must be bitwise id
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 from dataclasses import dataclass
@@ -182,6 +183,8 @@ def test_a_shared_stream_loses_a_node_and_both_loaders_keep_torchs_bits(cluster)
     assert_batches_equal(expected[1], got[0], "the loader behind")
     assert_batches_equal(expected[1], got[1], "the loader ahead")
     assert b.stats().worker_restarts >= 1 and a.stats().share["stops"]
+    del a, b, got  # their persistent workers go now, not when a later test counts actors
+    gc.collect()
     cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)  # for the tests after
 
 
