@@ -155,39 +155,6 @@ def test_removing_a_node_mid_epoch_loses_nothing(cluster):
     cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)  # for the tests after
 
 
-def test_a_shared_stream_loses_a_node_and_both_loaders_keep_torchs_bits(cluster):
-    from test_share import leapfrog
-
-    def make(cls, **kwargs):
-        return cls(AugmentedDataset(96), batch_size=4, num_workers=2, shuffle=True,
-                   generator=torch.Generator().manual_seed(8), persistent_workers=True, **kwargs)
-
-    def fault(iterators):  # the node of a worker of the loader ahead, making the batches
-        workers = live_workers(iterators[1])
-        trainer = ray.get_runtime_context().get_node_id()
-        victims = [n for n in cluster.worker_nodes if n.node_id == workers[0].node_id
-                   and n is not labelled_node(cluster) and n.node_id != trainer]
-        if not victims:
-            pytest.skip("the worker is on a node this Ray cannot remove")
-        remove_node(cluster, victims[0], workers)
-
-    reference = make(torch.utils.data.DataLoader, multiprocessing_context=REFERENCE_CONTEXT)
-    expected = [list(reference) for _ in range(2)]
-    options = dpex.WorkerOptions(avoid_trainer_node=True)
-    a, b = (make(dpex.DataLoader, distribute_mode=True, worker_options=options,
-                 share="node-loss") for _ in range(2))
-    got = leapfrog([a, b], [3, 5])
-    assert_batches_equal(expected[0], got[0])
-    assert_batches_equal(expected[0], got[1])
-    got = leapfrog([a, b], [3, 5], fault=fault)
-    assert_batches_equal(expected[1], got[0], "the loader behind")
-    assert_batches_equal(expected[1], got[1], "the loader ahead")
-    assert b.stats().worker_restarts >= 1 and a.stats().share["stops"]
-    del a, b, got  # their persistent workers go now, not when a later test counts actors
-    gc.collect()
-    cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)  # for the tests after
-
-
 def test_poison_batch_fails_with_its_indices(cluster):
     options = dpex.WorkerOptions(max_task_retries=1)
     with pytest.raises(RuntimeError, match=r"died 2 times while loading sample indices \[8, 9\]"):
@@ -306,3 +273,42 @@ def remove_node(cluster, node, workers: list[LiveWorker]) -> None:
         if worker.node_id == node.node_id:
             with contextlib.suppress(ProcessLookupError):  # it may have gone already
                 os.kill(worker.pid, signal.SIGKILL)
+
+
+# Last in the module: the warm pool and the collected loaders of a test with two loaders
+# on persistent workers must not reach a test after it (a poison batch's worker count).
+def test_a_shared_stream_loses_a_node_and_both_loaders_keep_torchs_bits(cluster):
+    from test_share import leapfrog
+
+    def make(cls, **kwargs):
+        return cls(AugmentedDataset(96), batch_size=4, num_workers=2, shuffle=True,
+                   generator=torch.Generator().manual_seed(8), persistent_workers=True, **kwargs)
+
+    def fault(iterators):  # the node of a worker of the loader ahead, making the batches
+        workers = live_workers(iterators[1])
+        trainer = ray.get_runtime_context().get_node_id()
+        try:
+            labelled = labelled_node(cluster)
+        except StopIteration:  # a test before removed it
+            labelled = None
+        victims = [n for n in cluster.worker_nodes if n.node_id == workers[0].node_id
+                   and n is not labelled and n.node_id != trainer]
+        if not victims:
+            pytest.skip("the worker is on a node this Ray cannot remove")
+        remove_node(cluster, victims[0], workers)
+
+    reference = make(torch.utils.data.DataLoader, multiprocessing_context=REFERENCE_CONTEXT)
+    expected = [list(reference) for _ in range(2)]
+    options = dpex.WorkerOptions(avoid_trainer_node=True)
+    a, b = (make(dpex.DataLoader, distribute_mode=True, worker_options=options,
+                 share="node-loss") for _ in range(2))
+    got = leapfrog([a, b], [3, 5])
+    assert_batches_equal(expected[0], got[0])
+    assert_batches_equal(expected[0], got[1])
+    got = leapfrog([a, b], [3, 5], fault=fault)
+    assert_batches_equal(expected[1], got[0], "the loader behind")
+    assert_batches_equal(expected[1], got[1], "the loader ahead")
+    assert b.stats().worker_restarts >= 1 and a.stats().share["stops"]
+    del a, b, got  # their persistent workers go now, not when a later test counts actors
+    gc.collect()
+    cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)  # for the tests after
