@@ -43,12 +43,23 @@ In each way the trainer can end
   * SIGTERM with a handler: the trainer goes on as its handler says, and then ends one of
     the ways above.
 
+In the trainer's forked children (torch's workers, the user's multiprocessing)
+  A child of ``fork`` gets a copy of the trainer's memory, its garbage included: a dpex
+  iterator or loader in a reference cycle the trainer had not collected yet. Collected
+  there, its Ray objects (references, actor handles) call into the copy of the trainer's
+  Ray: they write on connections the trainer shares with the child (the trainer's own then
+  fail: "Missing :authority header", seen about once in 12 runs) or wait for ever on a
+  lock a thread held at the fork (the child hangs, and torch's loader with it). So once the trainer holds Ray objects of dpex, each child it forks freezes what
+  it inherited (``gc.freeze``, as Python's documentation advises for fork without exec):
+  its collector never visits the trainer's objects, and only the trainer releases them.
+
 This module imports only the standard library: the helper loads it alone (it runs Ray
 without torch or dpex).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -78,6 +89,18 @@ def forget_in_child() -> None:
         except Exception:  # noqa: BLE001 - already closed, or half-built
             pass
     _trainer_only.clear()
+
+
+_freezing_in_children = False
+
+
+def freeze_inherited_objects_in_children() -> None:
+    """From now on, each process forked from this one starts with ``gc.freeze()``: see
+    "In the trainer's forked children" in the NOTE. Idempotent."""
+    global _freezing_in_children
+    if not _freezing_in_children and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=gc.freeze)
+        _freezing_in_children = True
 
 
 def own_signals() -> None:

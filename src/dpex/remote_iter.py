@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
-from dpex import ray_session, session_handles, transport, user_code
+from dpex import process_ends, ray_session, session_handles, transport, user_code
 from dpex.dispatch import Dispatch
 from dpex.elastic import ElasticControl
 from dpex.lifecycle import ProcessLifecycle, live_iterators
@@ -93,6 +93,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
 
     def __init__(self, loader: DataLoader) -> None:
         self._created_in = os.getpid()
+        process_ends.freeze_inherited_objects_in_children()  # before it holds Ray objects
         self._dataset = loader.dataset
         self._is_iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
         self._auto_collation = loader.batch_sampler is not None
@@ -307,9 +308,10 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
 
     def __del__(self) -> None:
         if getattr(self, "_created_in", None) != os.getpid():
-            # Collected in a forked child of the trainer (torch's workers are forked, with
-            # whatever garbage the trainer had): Ray is the trainer's, and a call to it from
-            # here would block that worker for ever. The trainer releases the processes.
+            # Released in a forked child of the trainer (its collector does not visit the
+            # trainer's objects: NOTE [ dpex How Each Process Ends ], but the child's code
+            # may drop one): Ray is the trainer's, and a call to it from here would block
+            # that child for ever. The trainer releases the processes.
             return
         try:
             self._shutdown_workers(reuse=True)
