@@ -16,6 +16,7 @@ from ray.exceptions import (
     RayActorError,
 )
 
+from dpex import transport
 from dpex.local_workers import LocalProcessDied, get, ready_here, wait
 from dpex.resume import WorkerPosition
 from dpex.worker import DATA, END, TaskResult
@@ -145,6 +146,11 @@ class Receive:
             self._arrived([ref], now)
         slot, _task_ids = self._calls.pop(ref)
         for result in results:
+            # Kept after the batch is handed out (the worker's position): apart from the
+            # result's buffer in Ray's store, which would stay as long as they do.
+            if result.rng_state is not None:
+                result.rng_state = result.rng_state.owning_its_memory()
+            result.dataset_state = transport.owning_its_memory(result.dataset_state)
             self._timeline.received(result.task_id, result.finished_at, result.busy_s, now)
             index = slot.in_flight.pop(result.task_id)
             self._task_ref.pop(result.task_id, None)

@@ -89,6 +89,16 @@ class RngState:
         torch_state = torch.get_rng_state().numpy().tobytes()
         return cls(random.getstate(), np.random.get_state(), torch_state)
 
+    def owning_its_memory(self) -> RngState:
+        """This state, with numpy's key array copied if it views a buffer it does not own.
+        Out of a result in Ray's object store, the array views the result's one buffer, and
+        kept as a worker's position it would keep the batch's bytes in the store too."""
+        numpy = self.numpy
+        if isinstance(numpy, tuple) and len(numpy) > 1 and isinstance(numpy[1], np.ndarray) \
+                and numpy[1].base is not None:
+            return RngState(self.python, (numpy[0], numpy[1].copy(), *numpy[2:]), self.torch)
+        return self
+
     def restore(self) -> None:
         random.setstate(self.python)
         np.random.set_state(self.numpy)

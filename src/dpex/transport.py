@@ -115,6 +115,17 @@ def _tensor_from_wire(value: Any) -> Any:
     return value
 
 
+def owning_its_memory(data: Any) -> Any:
+    """``data`` (a worker's dataset state) with each numpy array that views a buffer it
+    does not own copied: out of Ray's object store, every array of a result views the
+    result's one buffer, and one kept would keep the whole result there."""
+    return map_structure(_own_array, data) if data is not None else None
+
+
+def _own_array(value: Any) -> Any:
+    return value.copy() if isinstance(value, np.ndarray) and value.base is not None else value
+
+
 def map_structure(fn: Callable[[Any], Any], data: Any) -> Any:
     """Apply ``fn`` to every leaf of nested mappings, namedtuples, tuples and lists."""
     if isinstance(data, (str, bytes)):
