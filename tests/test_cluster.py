@@ -66,11 +66,15 @@ def test_embedded_ray_is_started_on_loopback_without_dashboard_and_stopped_at_ex
                           "ip": node["NodeManagerAddress"],
                           "dashboard": ray._private.worker.get_dashboard_url(),
                           "token_auth": auth.token_auth_enabled(),
+                          "free_period_ms": ray._private.state.state.get_system_config()
+                              .get("free_objects_period_milliseconds"),
                           "helper": helper}}))
     """, stderr=stderr)
     assert out[0]["batches"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and out[0]["same"]
     assert out[0]["owns"] and out[0]["ip"] == "127.0.0.1"
     assert not out[0]["dashboard"]
+    # Dropped batches leave the store within 0.1 s, not Ray's 1 s (compat.py).
+    assert out[0]["free_period_ms"] == 100
     # Quiet, and still protected: no banner about token auth, which stays on.
     assert out[0]["token_auth"] and "Token authentication" not in stderr[0], stderr[0]
     assert out[1] == {"ray_up_at_exit": False}
