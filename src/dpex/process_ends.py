@@ -49,9 +49,10 @@ In the trainer's forked children (torch's workers, the user's multiprocessing)
   there, its Ray objects (references, actor handles) call into the copy of the trainer's
   Ray: they write on connections the trainer shares with the child (the trainer's own then
   fail: "Missing :authority header", seen about once in 12 runs) or wait for ever on a
-  lock a thread held at the fork (the child hangs, and torch's loader with it). So once the trainer holds Ray objects of dpex, each child it forks freezes what
-  it inherited (``gc.freeze``, as Python's documentation advises for fork without exec):
-  its collector never visits the trainer's objects, and only the trainer releases them.
+  lock a thread held at the fork (the child hangs, and torch's loader with it). So once
+  the trainer holds Ray objects of dpex, each child it forks freezes what it inherited
+  (``gc.freeze``, as Python's documentation advises for fork without exec): its collector
+  never visits the trainer's objects, and only the trainer releases them.
 
 This module imports only the standard library: the helper loads it alone (it runs Ray
 without torch or dpex).
