@@ -28,9 +28,10 @@ class RunLog:
 
 
 class Decoded(Dataset):
-    """A "decode" that takes 2 ms (more than reading an entry back, so caching pays) and
-    returns a non-contiguous tensor, then a random augmentation from torch's and Python's
-    generators, as a real pipeline draws them."""
+    """A "decode" that takes 5 ms (several times reading an entry back, so caching pays even
+    on a loaded machine: at 2 ms a busy CI run once measured reads slow enough to decide
+    "recompute") and returns a non-contiguous tensor, then a random augmentation from
+    torch's and Python's generators, as a real pipeline draws them."""
 
     def __init__(self, n: int, count_dir: str | None = None, shape=(3, 32, 32)) -> None:
         self.n, self.shape = n, shape
@@ -43,7 +44,7 @@ class Decoded(Dataset):
     def decode(self, i: int) -> torch.Tensor:
         if self.runs is not None:
             self.runs.note(i)
-        time.sleep(0.002)
+        time.sleep(0.005)
         g = torch.Generator().manual_seed(i)
         c, h, w = self.shape
         return torch.rand(h, w, c, generator=g).permute(2, 0, 1)  # HWC storage, CHW view
