@@ -12,9 +12,27 @@ import sys
 import time
 
 import torch
+from grpc import _channel as grpc_channel
+from grpc.aio import _channel as grpc_aio_channel
 
 import dpex
 from dpex.ray_session import embedded
+
+# The grpcio channels this process opens (the trainer opens none: from the first one on,
+# each fork runs grpc's fork handlers, which at times hang; NOTE [ dpex How Each Process
+# Ends ]). Counted where every sync and asyncio channel is made.
+GRPC_CHANNELS: list[str] = []
+
+
+def _counting(make):
+    def made(self, target, *args, **kwargs):
+        GRPC_CHANNELS.append(str(target))
+        make(self, target, *args, **kwargs)
+    return made
+
+
+grpc_channel.Channel.__init__ = _counting(grpc_channel.Channel.__init__)
+grpc_aio_channel.Channel.__init__ = _counting(grpc_aio_channel.Channel.__init__)
 
 
 class Noisy(torch.utils.data.Dataset):
@@ -80,6 +98,7 @@ def main_epochs():
         "epochs": len(got), "last_began_on_ray": last_began_on_ray,
         "created": POOL.created, "reused": POOL.reused,
         "events": [e.reason for e in loader.stats().scaling_events],
+        "spilled": loader.stats().store_spilled_bytes, "grpc_channels": GRPC_CHANNELS,
     }), flush=True)
 
 
@@ -97,6 +116,7 @@ def main():
         "events": [e.reason for e in stats.scaling_events],
         "killed": bool(fault and fault["done"]), "local_pids": local_pids,
         "helper_pid": embedded._head._proc.pid,
+        "spilled": stats.store_spilled_bytes, "grpc_channels": GRPC_CHANNELS,
     }), flush=True)
 
 

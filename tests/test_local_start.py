@@ -51,6 +51,9 @@ def test_short_epochs_go_on_locally_until_rays_processes_answer():
     ray_is_up = [e for e in out["events"] if e.startswith("Ray is up")]
     assert len(ray_is_up) >= 2, out  # iterators after the join began locally again
     assert out["last_began_on_ray"], out  # once they had answered, epochs began on them
+    # Each epoch's end read Ray's spilled bytes, through a Ray process: the trainer, which
+    # forks each epoch, opened no grpcio channel.
+    assert out["spilled"] == 0 and out["grpc_channels"] == [], out
 
 
 @pytest.mark.parametrize("mode", ["handover", "kill"])

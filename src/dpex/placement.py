@@ -208,7 +208,8 @@ def spilled_bytes() -> int | None:
     """Bytes Ray has spilled from the object stores to disk since the cluster started (all
     of its users, not only this loader); None where it cannot say. Ray reports it only
     through a private API (what ``ray memory --stats-only`` prints), so it is read here
-    alone, once per epoch, and any failure of that API reads as None."""
+    alone, once per epoch, and any failure of that API reads as None. It opens a grpcio
+    channel: call it in a Ray process (``Worker.spilled_bytes``), never in the trainer."""
     try:
         from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 

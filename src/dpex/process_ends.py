@@ -53,6 +53,15 @@ In the trainer's forked children (torch's workers, the user's multiprocessing)
   the trainer holds Ray objects of dpex, each child it forks freezes what it inherited
   (``gc.freeze``, as Python's documentation advises for fork without exec): its collector
   never visits the trainer's objects, and only the trainer releases them.
+  And the trainer opens no grpcio channel of its own. From a process's first one on, each
+  fork runs grpc's fork handlers, which stop grpc's threads and start them again: 5 ms more
+  a fork here, and at times a fork that never returns (a trainer blocked in ``os.fork``
+  inside grpcio's handlers, 2 runs in about 47 of a script whose iterators fork their
+  local processes each epoch). What dpex reads over grpcio is read elsewhere: Ray's
+  spilled bytes by one of the loader's Ray processes (``Worker.spilled_bytes``), a
+  cluster's versions, before joining it, by a child forked for that alone
+  (``auth.cluster_versions``). Ray's own driver opens none (tests/local_start_script.py
+  counts them).
 
 This module imports only the standard library: the helper loads it alone (it runs Ray
 without torch or dpex).

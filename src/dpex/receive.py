@@ -17,7 +17,7 @@ from ray.exceptions import (
 )
 
 from dpex import transport
-from dpex.local_workers import LocalProcessDied, get, ready_here, wait
+from dpex.local_workers import LocalActor, LocalProcessDied, get, ready_here, wait
 from dpex.resume import WorkerPosition
 from dpex.worker import DATA, END, TaskResult
 
@@ -45,6 +45,7 @@ class Receive:
                 self._rcvd_idx += 1
             else:
                 self._record.complete = True
+                self._read_spilled_bytes()
                 if not self._persistent_workers:
                     self._shutdown_workers(reuse=True, epoch_done=True)
                 raise StopIteration
@@ -55,6 +56,20 @@ class Receive:
             self._submit_for(self._rcvd_idx if self._in_order else None)
             target = self._task_ref.get(self._rcvd_idx) if self._in_order else None
             self._receive(target)
+
+    def _read_spilled_bytes(self) -> None:
+        """At the epoch's end, while its processes are still its own: what Ray spilled
+        (``stats().store_spilled_bytes``), asked of one of its Ray processes, which reads it
+        over grpcio (``Worker.spilled_bytes``), once an epoch; None if none can say."""
+        if not self._store.capacities:
+            return
+        answered = [p for p in self._procs if not p.dead and p.ready_ref is None
+                    and not isinstance(p.actor, LocalActor)]
+        try:
+            spilled = get(answered[0].actor.spilled_bytes.remote(), timeout=10.0) if answered else None
+        except Exception:  # noqa: BLE001 - a process that died meanwhile: no figure this epoch
+            spilled = None
+        self._stats.store_spilled_bytes = spilled
 
     def _hand_out(self, task_id: int) -> tuple[TaskResult, int]:
         # With in_order=False, handed-out ids are skipped later by _next_result's scan.

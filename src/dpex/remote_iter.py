@@ -77,7 +77,7 @@ from dpex.elastic import ElasticControl
 from dpex.lifecycle import ProcessLifecycle, live_iterators
 from dpex.process_handle import ProcessHandle, WorkerSlot
 from dpex.local_start import LocalStart, can_start_locally
-from dpex.placement import NodePicker, WorkerOptions, object_store_capacities, spilled_bytes
+from dpex.placement import NodePicker, WorkerOptions, object_store_capacities
 from dpex.receive import Receive
 from dpex.sharing import Sharing
 from dpex.store_budget import StoreBudget
@@ -280,8 +280,6 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         try:
             result, worker_id = self._next_result()
         except StopIteration:
-            if self._store.capacities:  # what Ray spilled (once an epoch: it asks a raylet)
-                self._stats.store_spilled_bytes = spilled_bytes()
             self._store_stats()
             self._loader_metrics.publish(self._loader_name, self._stats)
             raise

@@ -255,6 +255,13 @@ class Worker:
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
+    def spilled_bytes(self) -> int | None:
+        """Ray's spilled bytes (``placement.spilled_bytes``), read here, in a Ray process: the
+        trainer keeps grpcio out (NOTE [ dpex How Each Process Ends ], forked children)."""
+        from dpex.placement import spilled_bytes
+
+        return spilled_bytes()
+
     def reset_epoch(self, worker_id: int | None = None) -> None:
         """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept.
         ``worker_id``: that logical worker; None: every one this process hosts."""

@@ -9,12 +9,13 @@ cluster's versions, from its GCS, before ``ray.init`` would retry for 20 s.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
 import ray
 
-from dpex.compat import missing_piece
+from dpex.compat import RayInternalsError, missing_piece
 
 # The GCS key ``ray start`` / ``ray.init`` store the cluster's versions under.
 _METADATA_KEY, _METADATA_NAMESPACE = b"CLUSTER_METADATA", b"cluster"
@@ -125,12 +126,53 @@ def cluster_versions(address: str, token: str | None, timeout_s: float) -> dict 
     ``{"ray_version", "python_version", ...}``, or None if it has not recorded them.
 
     A plain gRPC call: it answers in milliseconds where ``ray.init`` would retry for 20 s, and
-    a refusal is an answer here, not a warning on the user's terminal.
+    a refusal is an answer here, not a warning on the user's terminal. It is made in a child
+    forked for it: the trainer keeps grpcio out (NOTE [ dpex How Each Process Ends ]).
 
     Raises:
         TokenRejected: the cluster wants a token, and ``token`` is None or not its token.
         ConnectionError: anything else went wrong (not a Ray GCS, another protocol...).
     """
+    if "fork" not in multiprocessing.get_all_start_methods():  # no fork: here, then
+        return _ask_versions(address, token, timeout_s)
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    child = context.Process(target=_answer_in_child, args=(writer, address, token, timeout_s),
+                            name="dpex-cluster-probe", daemon=True)
+    child.start()
+    writer.close()
+    try:
+        if not reader.poll(timeout_s + _PROBE_START_S):
+            raise ConnectionError(f"no answer in {timeout_s + _PROBE_START_S:.0f} s")
+        answered, value = reader.recv()
+    except EOFError:
+        raise ConnectionError(f"the probe process died (exit code {child.exitcode})") from None
+    finally:
+        reader.close()
+        child.join(timeout=1.0)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    if answered:
+        return value
+    raise value
+
+
+_PROBE_START_S = 5.0  # beyond the call's own timeout, for the forked child to get there
+
+
+def _answer_in_child(writer, address: str, token: str | None, timeout_s: float) -> None:
+    try:
+        reply = (True, _ask_versions(address, token, timeout_s))
+    except (TokenRejected, ConnectionError, RayInternalsError) as exc:
+        reply = (False, exc)
+    except Exception as exc:  # noqa: BLE001 - anything else, as the trainer can unpickle it
+        reply = (False, ConnectionError(f"{type(exc).__name__}: {exc}"))
+    writer.send(reply)
+    writer.close()
+
+
+def _ask_versions(address: str, token: str | None, timeout_s: float) -> dict | None:
     import grpc
 
     try:
