@@ -20,6 +20,7 @@ dtype and shape, as a numpy array, and the trainer rebuilds a tensor from it:
 from __future__ import annotations
 
 import collections.abc
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from dpex.compat import worker_info_hidden
 
 # Smaller tensors ride inline in Ray's task reply (copied on the trainer, see above).
 ZERO_COPY_MIN_BYTES = 64 * 1024
@@ -71,6 +74,26 @@ def to_pipe(batch: Any) -> Any:
     inline, as in a Ray reply: a descriptor costs more than its bytes. Raises torch's
     RuntimeError where shared memory runs out (worker.py then sends it inline)."""
     return map_structure(_tensor_to_pipe, batch)
+
+
+def out_of_shared_memory(exc: BaseException) -> bool:
+    """torch's error when a tensor cannot get shared memory (its allocator's messages)."""
+    return isinstance(exc, RuntimeError) and re.search(
+        r"shared memory|unable to write to file|unable to mmap", str(exc)) is not None
+
+
+def private_memory_collate(collate_fn: Callable) -> Callable:
+    """torch's ``default_collate``, run with the worker info hidden so the batch lands in
+    ordinary memory (see ``worker_info_hidden``); bitwise the same batch. Any other collate
+    function runs as given: it may read ``get_worker_info()`` itself."""
+    if collate_fn is not torch.utils.data.default_collate:
+        return collate_fn
+
+    def collate(batch: Any) -> Any:
+        with worker_info_hidden():
+            return torch.utils.data.default_collate(batch)
+
+    return collate
 
 
 def _plain(value: Any) -> bool:

@@ -18,7 +18,6 @@ cwd), so a ``worker_init_fn`` that changes process-wide state affects its neighb
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from dpex.fetcher import make_fetcher
 from dpex.niceness import set_every_thread
 from dpex.resume import WorkerPosition, dataset_state, restore_position
 from dpex.seeding import RngState, seed_worker
-from dpex.compat import clear_worker_info, set_worker_info, worker_info_hidden
+from dpex.compat import clear_worker_info, set_worker_info
 
 # Outcome kinds of one task.
 DATA, ERROR, END = "data", "error", "end"
@@ -192,7 +191,7 @@ class Worker:
             # does in torch's workers; for Ray's store, in ordinary memory.
             self.collate_fn = (self._shared_memory_collate(config.collate_fn)
                                if self._through_a_pipe
-                               else _private_memory_collate(config.collate_fn))
+                               else transport.private_memory_collate(config.collate_fn))
         cache_runtime.refresh()
         self._park_current()
         seed = seed_worker(config.base_seed, worker_id)
@@ -356,7 +355,7 @@ class Worker:
             try:
                 return transport.to_pipe(batch)
             except RuntimeError as exc:
-                if not _out_of_shared_memory(exc):
+                if not transport.out_of_shared_memory(exc):
                     raise
                 self._shared_memory_full = True
         return transport.to_wire(batch)
@@ -367,7 +366,7 @@ class Worker:
         number: collated again, it is the same), and the rest go inline."""
         if collate_fn is not torch.utils.data.default_collate:
             return collate_fn
-        private = _private_memory_collate(collate_fn)
+        private = transport.private_memory_collate(collate_fn)
 
         def collate(batch: Any) -> Any:
             if self._shared_memory_full:
@@ -375,7 +374,7 @@ class Worker:
             try:
                 return collate_fn(batch)
             except RuntimeError as exc:
-                if not _out_of_shared_memory(exc):
+                if not transport.out_of_shared_memory(exc):
                     raise
                 self._shared_memory_full = True
                 return private(batch)
@@ -386,22 +385,3 @@ class Worker:
         """``niceness.set_every_thread``; remember when the system refuses."""
         self.niceness_denied = set_every_thread(niceness)
 
-
-def _out_of_shared_memory(exc: BaseException) -> bool:
-    """torch's error when a tensor cannot get shared memory (its allocator's messages)."""
-    return isinstance(exc, RuntimeError) and re.search(
-        r"shared memory|unable to write to file|unable to mmap", str(exc)) is not None
-
-
-def _private_memory_collate(collate_fn: Callable) -> Callable:
-    """torch's ``default_collate``, run with the worker info hidden so the batch lands in
-    ordinary memory (see ``worker_info_hidden``); bitwise the same batch. Any other collate
-    function runs as given: it may read ``get_worker_info()`` itself."""
-    if collate_fn is not torch.utils.data.default_collate:
-        return collate_fn
-
-    def collate(batch: Any) -> Any:
-        with worker_info_hidden():
-            return torch.utils.data.default_collate(batch)
-
-    return collate
