@@ -102,6 +102,34 @@ def main_epochs():
     }), flush=True)
 
 
+def ray_worker_processes(helper_pid: int) -> list[str]:
+    """The embedded node's Python worker processes (below the helper), by title."""
+    parents, titles = {}, {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline") as f:
+                titles[int(entry)] = f.read().replace("\0", " ").strip()
+        except (OSError, ValueError):
+            continue
+
+    def below_helper(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == helper_pid:
+                return True
+        return False
+
+    def a_worker(title: str) -> bool:  # "ray::IDLE", "ray::Worker", or still starting
+        if title.startswith("ray::"):
+            return "Agent" not in title
+        return os.path.basename(title.split(" ", 1)[0]).startswith("python") and \
+            "default_worker.py" in title
+
+    return [t for pid, t in titles.items() if below_helper(pid) and a_worker(t)]
+
+
 def main():
     mode = sys.argv[1]
     if mode == "epochs":
@@ -110,7 +138,9 @@ def main():
     fault = {"done": False} if mode == "kill" else None
     got, loader, local_pids = batches(True, fault)
     stats = loader.stats()
+    workers = ray_worker_processes(embedded._head._proc.pid) if mode == "handover" else []
     print(json.dumps({
+        "ray_workers": workers, "cpus": os.cpu_count(),
         "equal": len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(expected, got)),
         "batches": len(got), "moves": stats.moves, "restarts": stats.worker_restarts,
         "events": [e.reason for e in stats.scaling_events],

@@ -63,6 +63,10 @@ def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     assert "every logical worker is on a Ray process" in out["events"], out
     if mode == "handover":
         assert out["moves"] == 2 and out["restarts"] == 0, out
+        # Ray prestarts a Python process per core; they host the workers (none idles while
+        # new ones start for a job environment of the trainer's own).
+        assert sum("Worker" in t for t in out["ray_workers"]) == 2, out
+        assert len(out["ray_workers"]) <= out["cpus"], out
     else:
         assert out["killed"] and out["restarts"] >= 1, out
     # Nothing is left behind: the local processes, and the helper that ran the embedded

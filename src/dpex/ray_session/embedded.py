@@ -52,9 +52,14 @@ class EmbeddedHead:
 
     def __init__(self, niceness: int) -> None:
         self._stderr = tempfile.TemporaryFile(mode="w+")
+        # The node's processes inherit the trainer's import path from the helper: Ray's
+        # prestarted workers can then host the trainer's actors (a job with a runtime_env
+        # of its own would need new processes, and leave them idle).
+        self.pythonpath = driver_pythonpath()
         self._proc = subprocess.Popen(
             [sys.executable, _SCRIPT, str(niceness)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+            env={**os.environ, "PYTHONPATH": self.pythonpath})
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
         self.address: str | None = None
@@ -143,10 +148,14 @@ def join_if_up() -> bool:
 
 def join_head(address: str) -> None:
     global _joined
-    # Workers import what the driver imports: keep the driver's path importable. (They
-    # start at the trainer's niceness, as torch's forked workers do: the helper's setting.)
+    # Workers import what the driver imports: they inherit the driver's path from the
+    # helper, or, where the driver's changed since, from the job's environment. (They start
+    # at the trainer's niceness, as torch's forked workers do: the helper's setting.)
+    pythonpath = driver_pythonpath()
+    own_path = {} if _head is not None and _head.pythonpath == pythonpath else {
+        "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
     with compat.loopback_only(), compat.quiet_token_auth_banner():
-        join(address, runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}})
+        join(address, **own_path)
     _joined = True
 
 
