@@ -124,6 +124,12 @@ def test_transport_micro_runs(capsys, ray_local):
     assert "faster to get" in capsys.readouterr().out
 
 
+def test_shared_memory_micro_runs(capsys):
+    script = _load_script("shared_memory_micro")
+    assert script.main(["--batch", "2", "--repeats", "1"]) == 0
+    assert "stack into a new shared-memory segment" in capsys.readouterr().out
+
+
 def test_report_redoes_table_and_plot_from_saved_results(tmp_path, capsys):
     from dpex.bench.suite import SuiteConfig, write_results
     from dpex.cli import main

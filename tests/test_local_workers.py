@@ -65,13 +65,39 @@ def test_large_tensors_arrive_in_shared_memory_and_bitwise_torchs():
             got.append(transport.from_wire(result.payload))
     finally:
         actor.stop()
-    images, labels = got[0]
-    assert images.is_shared(), "a 2.4 MB batch should come through shared memory"
-    assert not labels.is_shared()  # 32 bytes ride inline
     expected = _torchs(Images(), batch_size=4)
     assert len(expected) == len(got)
     for (e_images, e_labels), (g_images, g_labels) in zip(expected, got):
         assert torch.equal(e_images, g_images) and torch.equal(e_labels, g_labels)
+
+
+def test_batches_reuse_the_processs_slots_and_a_held_batch_is_never_overwritten():
+    """A large tensor arrives in one of the process's reused shared-memory slots; a slot
+    comes back once the trainer drops everything of its batch, never before."""
+    actor = _local(Images())
+    try:
+        def fetch(k: int) -> tuple:
+            (result,) = local_workers.get(actor.fetch.remote([(k, list(range(4 * k, 4 * k + 4)))]))
+            return transport.from_wire(result.payload)
+
+        held_images, held_labels = fetch(0)
+        held_view = held_images[1:3]  # a view alone keeps the batch's slot too
+        held_copy, held_at = held_images.clone(), held_images.data_ptr()
+        del held_images
+        slots, copies = set(), [held_copy]
+        for k in range(1, 4):
+            images, _ = fetch(k)
+            slots.add(images.data_ptr())
+            copies.append(images.clone())
+            del images  # the next batch may take this slot
+    finally:
+        actor.stop()
+    assert torch.equal(held_view, held_copy[1:3]) and not held_view.is_shared()
+    assert len(slots) == 1, slots  # one slot, reused: never the held batch's
+    assert held_at not in slots
+    expected = _torchs(Images(), batch_size=4)
+    assert all(torch.equal(c, e) for c, (e, _) in zip(copies, expected))
+    assert torch.equal(held_labels, expected[0][1])
 
 
 def test_a_large_view_keeps_its_strides_and_values():
@@ -107,6 +133,7 @@ def _no_shared_memory(monkeypatch) -> None:
                            "No space left on device (28)")
 
     monkeypatch.setattr(torch.TypedStorage, "_new_shared", full)
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", full)
     monkeypatch.setattr(torch.UntypedStorage, "_share_fd_cpu_", full)
 
 
@@ -135,3 +162,15 @@ def test_without_shared_memory_an_unbatched_tensor_goes_inline(monkeypatch):
     monkeypatch.undo()
     got = transport.from_wire(result.payload)
     assert not got.is_shared() and torch.equal(got, Transposed()[1])
+
+
+def test_a_tensor_takes_the_first_free_slot_that_holds_it_and_slots_are_few():
+    from dpex import pipe_slots
+
+    mib = 2**20
+    assert pipe_slots.pick_slot([19 * mib, 19 * mib], [1, 0], 19 * mib) == 1
+    assert pipe_slots.pick_slot([4 * mib, 19 * mib], [0, 0], 5 * mib) == 1  # room enough
+    assert pipe_slots.pick_slot([19 * mib], [1], 1 * mib) is None
+    assert pipe_slots.may_add([19 * mib] * 3, 19 * mib)
+    assert not pipe_slots.may_add([19 * mib] * 4, 1)  # SLOTS
+    assert not pipe_slots.may_add([300 * mib] * 3, 200 * mib)  # MAX_BYTES: torch's way

@@ -5,9 +5,10 @@ Ray's alike.
 A ``LocalActor`` hosts dpex's ``Worker`` (worker.py) in a forked process and answers the
 calls the iterator makes on a Ray actor (``actor.fetch.remote(...)``, ``begin``, ``drop``,
 ``reset_epoch``, ``rewind``) with a ``LocalRef``; its replies come back in call order over a
-pipe, a batch's large tensors in shared memory as from torch's workers
-(``transport.to_pipe``). Every result carries the worker's RNG state, as from a Ray actor, so a logical worker
-moves from a local process to a Ray one with the move protocol, bit for bit. A local
+pipe, a batch's large tensors in shared memory the process reuses (``transport.to_pipe``,
+NOTE [ dpex Reused Shared Memory of Local Processes ] in pipe_slots.py). Every result
+carries the worker's RNG state, as from a Ray actor, so a logical worker moves from a
+local process to a Ray one with the move protocol, bit for bit. A local
 process that dies fails its outstanding calls with ``LocalProcessDied``, which the
 iterator recovers from as from a dead Ray actor.
 

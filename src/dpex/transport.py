@@ -37,7 +37,7 @@ ZERO_COPY_MIN_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class _WireTensor:
-    data: np.ndarray  # the tensor's bytes, uint8, in Ray's object store
+    data: np.ndarray  # the tensor's bytes, uint8, in Ray's store or a local process's slot
     dtype: torch.dtype
     shape: tuple[int, ...]
 
@@ -65,15 +65,16 @@ def wire_nbytes(wired: Any) -> int:
     return total
 
 
-def to_pipe(batch: Any) -> Any:
+def to_pipe(batch: Any, slots: Any = None) -> Any:
     """``to_wire`` for the pipe of a local worker process (local_workers.py): a large tensor
-    travels as torch's workers send theirs, its storage moved to shared memory here and a
-    file descriptor through the pipe (the reducers ``import torch`` registers with
-    multiprocessing's pickler), so the trainer copies none of its bytes; a batch collated
-    there is in shared memory from the start, as in torch's workers. A small one rides
+    travels in shared memory, so the trainer copies none of its bytes. Copied into a slot
+    of ``slots`` (a ``pipe_slots.SlotPool``: memory the process reuses, NOTE [ dpex Reused
+    Shared Memory of Local Processes ]) where one is free; else as torch's workers send
+    theirs, its storage moved to a new segment and a file descriptor through the pipe (the
+    reducers ``import torch`` registers with multiprocessing's pickler). A small one rides
     inline, as in a Ray reply: a descriptor costs more than its bytes. Raises torch's
     RuntimeError where shared memory runs out (worker.py then sends it inline)."""
-    return map_structure(_tensor_to_pipe, batch)
+    return map_structure(lambda value: _tensor_to_pipe(value, slots), batch)
 
 
 def out_of_shared_memory(exc: BaseException) -> bool:
@@ -116,12 +117,23 @@ def _tensor_to_wire(value: Any) -> Any:
     return value
 
 
-def _tensor_to_pipe(value: Any) -> Any:
+def _tensor_to_pipe(value: Any, slots: Any) -> Any:
     if not _plain(value):
         return value  # pickled as torch pickles it
     if value.nbytes < ZERO_COPY_MIN_BYTES:
         return _tensor_to_wire(value)
-    return value.share_memory_()  # a no-op where it was collated into shared memory
+    if slots is not None and _whole_storage(value):  # else its strides travel with it
+        held = slots.put(value.view(-1).view(torch.uint8))
+        if held is not None:  # arrives as a numpy array over the slot (pipe_slots.py)
+            return _WireTensor(held, value.dtype, tuple(value.shape))
+    return value.share_memory_()
+
+
+def _whole_storage(value: torch.Tensor) -> bool:
+    """Contiguous, and all of its storage (a collated batch): rebuilt from its bytes alone,
+    it has torch's strides and offset."""
+    return (value.is_contiguous() and value.storage_offset() == 0
+            and value.untyped_storage().nbytes() == value.nbytes)
 
 
 def _tensor_from_wire(value: Any) -> Any:

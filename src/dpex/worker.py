@@ -30,6 +30,7 @@ from dpex.cache import runtime as cache_runtime
 from dpex.errors import RemoteError
 from dpex.fetcher import make_fetcher
 from dpex.niceness import set_every_thread
+from dpex.pipe_slots import SlotPool
 from dpex.resume import WorkerPosition, dataset_state, restore_position
 from dpex.seeding import RngState, seed_worker
 from dpex.compat import clear_worker_info, set_worker_info
@@ -130,6 +131,7 @@ class Worker:
         self._through_a_pipe = through_a_pipe
         self._to_wire = self._to_pipe if through_a_pipe else transport.to_wire
         self._shared_memory_full = False  # the pipe's batches go inline from then on
+        self._pipe_slots = SlotPool()  # shared memory it reuses for the pipe's batches
         self._replicas: dict[int, _Replica] = {}
         self._current: _Replica | None = None  # whose RNG state the process's RNGs hold
         self.niceness_denied = False
@@ -187,11 +189,9 @@ class Worker:
         if config is not self.config:
             self.config = config
             cache_runtime.activate(config.cache, use_ray=not self._through_a_pipe)
-            # For the pipe, torch's default_collate puts the batch in shared memory, as it
-            # does in torch's workers; for Ray's store, in ordinary memory.
-            self.collate_fn = (self._shared_memory_collate(config.collate_fn)
-                               if self._through_a_pipe
-                               else transport.private_memory_collate(config.collate_fn))
+            # The batch in ordinary memory, not in a new shared-memory segment as in torch's
+            # workers: it goes on to Ray's store, or is copied to a slot the pipe reuses.
+            self.collate_fn = transport.private_memory_collate(config.collate_fn)
         cache_runtime.refresh()
         self._park_current()
         seed = seed_worker(config.base_seed, worker_id)
@@ -348,38 +348,17 @@ class Worker:
                           time.time(), nbytes)
 
     def _to_pipe(self, batch: Any) -> Any:
-        """``transport.to_pipe``; where shared memory runs out (a container's small
-        /dev/shm), this batch and every later one inline, as before there was shared memory
-        to put them in."""
+        """``transport.to_pipe``, through the slots this process reuses; where shared
+        memory runs out (a container's small /dev/shm), this batch and every later one
+        inline, as before there was shared memory to put them in."""
         if not self._shared_memory_full:
             try:
-                return transport.to_pipe(batch)
+                return transport.to_pipe(batch, self._pipe_slots)
             except RuntimeError as exc:
                 if not transport.out_of_shared_memory(exc):
                     raise
                 self._shared_memory_full = True
         return transport.to_wire(batch)
-
-    def _shared_memory_collate(self, collate_fn: Callable) -> Callable:
-        """torch's ``default_collate`` as in torch's workers, the batch in shared memory;
-        where that runs out, the same batch in ordinary memory (it draws no random
-        number: collated again, it is the same), and the rest go inline."""
-        if collate_fn is not torch.utils.data.default_collate:
-            return collate_fn
-        private = transport.private_memory_collate(collate_fn)
-
-        def collate(batch: Any) -> Any:
-            if self._shared_memory_full:
-                return private(batch)
-            try:
-                return collate_fn(batch)
-            except RuntimeError as exc:
-                if not transport.out_of_shared_memory(exc):
-                    raise
-                self._shared_memory_full = True
-                return private(batch)
-
-        return collate
 
     def _set_niceness(self, niceness: int) -> None:
         """``niceness.set_every_thread``; remember when the system refuses."""
