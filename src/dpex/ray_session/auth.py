@@ -133,7 +133,8 @@ def cluster_versions(address: str, token: str | None, timeout_s: float) -> dict 
         TokenRejected: the cluster wants a token, and ``token`` is None or not its token.
         ConnectionError: anything else went wrong (not a Ray GCS, another protocol...).
     """
-    if "fork" not in multiprocessing.get_all_start_methods():  # no fork: here, then
+    if ("fork" not in multiprocessing.get_all_start_methods()
+            or multiprocessing.current_process().daemon):  # it may have no children: here
         return _ask_versions(address, token, timeout_s)
     context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
