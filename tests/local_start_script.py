@@ -104,22 +104,14 @@ def main_epochs():
 
 def ray_worker_processes(helper_pid: int) -> list[str]:
     """The embedded node's Python worker processes (below the helper), by title."""
-    parents, titles = {}, {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline") as f:
-                titles[int(entry)] = f.read().replace("\0", " ").strip()
-        except (OSError, ValueError):
-            continue
+    from dpex.process_ends import descendants
 
-    def below_helper(pid: int) -> bool:
-        while pid > 1:
-            pid = parents.get(pid, 0)
-            if pid == helper_pid:
-                return True
-        return False
+    def title(pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                return f.read().replace("\0", " ").strip()
+        except OSError:
+            return ""
 
     def a_worker(title: str) -> bool:  # "ray::IDLE", "ray::Worker", or still starting
         if title.startswith("ray::"):
@@ -127,7 +119,8 @@ def ray_worker_processes(helper_pid: int) -> list[str]:
         return os.path.basename(title.split(" ", 1)[0]).startswith("python") and \
             "default_worker.py" in title
 
-    return [t for pid, t in titles.items() if below_helper(pid) and a_worker(t)]
+    titles = [title(pid) for pid, _ in descendants([helper_pid]) if pid != helper_pid]
+    return [t for t in titles if a_worker(t)]
 
 
 def main():
