@@ -167,6 +167,9 @@ class Receive:
                 result.rng_state = result.rng_state.owning_its_memory()
             result.dataset_state = transport.owning_its_memory(result.dataset_state)
             self._timeline.received(result.task_id, result.finished_at, result.busy_s, now)
+            # The process that ran the call: a move drains a worker first, so the slot has
+            # not left it yet (it may have by the time the batch is handed out).
+            result.made_on = slot.node_id
             index = slot.in_flight.pop(result.task_id)
             self._task_ref.pop(result.task_id, None)
             self._tasks_outstanding -= 1

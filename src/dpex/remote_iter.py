@@ -286,7 +286,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         waited = time.perf_counter() - started
         self._timeline.delivered(result.task_id, time.time())
         slot = self._slots[worker_id]
-        self._stats.record_batch(waited, slot.worker_id, slot.node_id, stalled_s=self._stalled)
+        self._stats.record_batch(waited, slot.worker_id, result.made_on, stalled_s=self._stalled)
         self._record.deliver(worker_id, result.rng_state, result.dataset_state)
         self._num_yielded += 1
         self._warn_if_past_reported_length()

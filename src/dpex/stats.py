@@ -51,8 +51,9 @@ class StatsSnapshot:
         in_flight: batches requested from workers and not yet handed out, right now.
         max_in_flight: the most that were ever in flight at once.
         per_worker: batches delivered per worker id.
-        per_node: batches delivered per Ray node id (distributed mode only; ``"local"``
-            for the local processes a cold process begins on, see ``dpex.local_start``).
+        per_node: batches delivered per Ray node id of the process that made them
+            (distributed mode only; ``"local"`` for the local processes a cold process
+            begins on, see ``dpex.local_start``).
         worker_restarts: workers replaced after they died.
         processes: worker processes hosting the logical workers now (distributed mode).
         process_timeline: ``(elapsed_s, processes)`` at each change of the count.

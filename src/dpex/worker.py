@@ -87,6 +87,7 @@ class TaskResult:
     finished_at: float = 0.0  # wall clock when it finished (dpex.timeline)
     nbytes: int = 0  # its tensors' bytes in Ray's object store (dpex.store_budget)
     cache: dict | None = None  # the process's cache counters since its last result
+    made_on: str | None = None  # set by the trainer: the node of the process that made it
 
 
 class _Replica:
