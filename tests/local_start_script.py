@@ -2,13 +2,16 @@
 and moves to Ray mid-epoch (tests/test_local_start.py). MODE ``handover``: nothing else
 happens; ``kill``: a local process is SIGKILLed while its workers are being handed over;
 ``epochs``: epochs far shorter than a Ray process's start, with torch's default
-non-persistent workers, until every worker is on Ray. Prints one JSON line: whether the
-batches are torch's, and what the loader did."""
+non-persistent workers, until every worker is on Ray; ``stalled-raylet``: the same, while
+the embedded head's first raylet is stopped (SIGSTOP) as soon as it exists, as a machine
+too busy to let it register would. Prints one JSON line: whether the batches are torch's,
+and what the loader did."""
 
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -86,10 +89,31 @@ def short_epochs(distribute_mode, count=300):
     return epochs, loader, began_on_ray
 
 
-def main_epochs():
+def stall_first_raylet(stalled: list[int]) -> None:
+    """SIGSTOP the first raylet below this process, and note its pid and its helper's."""
+    from dpex.process_ends import descendants
+
+    while not stalled:
+        for pid, _ in descendants([os.getpid()]):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read().split(b"\0")[0]
+            except OSError:
+                continue
+            if command.endswith(b"/raylet"):
+                os.kill(pid, signal.SIGSTOP)
+                stalled.extend([pid, embedded._head._proc.pid])
+                return
+        time.sleep(0.02)
+
+
+def main_epochs(stall: bool = False):
     from dpex.pool import POOL
 
-    got, loader, last_began_on_ray = short_epochs(True)
+    stalled: list[int] = []
+    if stall:
+        threading.Thread(target=stall_first_raylet, args=(stalled,), daemon=True).start()
+    got, loader, last_began_on_ray = short_epochs(True, count=3000 if stall else 300)
     expected, _, _ = short_epochs(False, count=len(got))
 
     print(json.dumps({
@@ -99,6 +123,8 @@ def main_epochs():
         "created": POOL.created, "reused": POOL.reused,
         "events": [e.reason for e in loader.stats().scaling_events],
         "spilled": loader.stats().store_spilled_bytes, "grpc_channels": GRPC_CHANNELS,
+        "stalled": stalled, "helper_pid": embedded._head._proc.pid,
+        "head_retries_left": embedded._head.retries_left,
     }), flush=True)
 
 
@@ -125,8 +151,8 @@ def ray_worker_processes(helper_pid: int) -> list[str]:
 
 def main():
     mode = sys.argv[1]
-    if mode == "epochs":
-        return main_epochs()
+    if mode in ("epochs", "stalled-raylet"):
+        return main_epochs(stall=mode == "stalled-raylet")
     expected, _, _ = batches(False)
     fault = {"done": False} if mode == "kill" else None
     got, loader, local_pids = batches(True, fault)

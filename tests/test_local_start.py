@@ -56,6 +56,19 @@ def test_short_epochs_go_on_locally_until_rays_processes_answer():
     assert out["spilled"] == 0 and out["grpc_channels"] == [], out
 
 
+@pytest.mark.slow  # 40 s: it waits out Ray's 30 s for a raylet to register
+def test_a_head_whose_raylet_does_not_register_in_time_is_started_again():
+    """A machine too busy for the embedded head's raylet to register within Ray's 30 s (its
+    raylet stopped here): the loop goes on locally, with torch's batches; the helper kills
+    what it started and exits, a second helper starts the head, and the workers move to it.
+    Nothing of either is left after the run."""
+    out = run_script("stalled-raylet")
+    assert out["equal"] and out["last_began_on_ray"], out
+    raylet, first_helper = out["stalled"]
+    assert out["head_retries_left"] == 0 and out["helper_pid"] != first_helper, out
+    assert wait_gone([raylet, first_helper, out["helper_pid"]]) == []
+
+
 @pytest.mark.parametrize("mode", ["handover", "kill"])
 def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     out = run_script(mode)

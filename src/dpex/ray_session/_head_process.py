@@ -44,7 +44,11 @@ def main() -> None:
     # Ctrl-C is the trainer's to act on; the trainer's death ends this process, with Ray.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     process_ends.watch_parent(trainer_pid, on_orphaned=trainer_gone)
-    context = compat.start_embedded_ray(int(sys.argv[1]))
+    try:
+        context = compat.start_embedded_ray(int(sys.argv[1]))
+    except BaseException:  # e.g. the raylet did not register in time: leave none of it
+        process_ends.kill_descendants()
+        raise
     session.extend(filter(None, [context.address_info.get("session_dir")]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)

@@ -17,7 +17,10 @@ The helper
   ``ray.init(address="local")`` bound to loopback, with the trainer's worker niceness, prints
   one line, ``127.0.0.1:<GCS port>``, then reads its stdin until it closes. Then it shuts
   Ray down (the head's daemons are its children) and SIGKILLs what is left of the node's
-  processes (Ray's agents, still starting, outlived their raylet), and exits.
+  processes (Ray's agents, still starting, outlived their raylet), and exits. A helper
+  whose ``ray.init`` fails kills what it started and exits with Ray's error; when that
+  error is Ray's startup timeout (a raylet that did not register within Ray's 30 s, on a
+  machine busy starting other processes), one more helper tries again.
 
 Who owns what
   The trainer owns the helper: it closes the helper's stdin at interpreter exit
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import ray
 
@@ -50,31 +54,41 @@ _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_head_proces
 class EmbeddedHead:
     """A helper process starting the embedded Ray head; see the NOTE."""
 
+    # Ray gives a starting raylet 30 s to register with its GCS, and gives up after
+    # (Ray's "timed out during startup"): on a machine busy starting other processes. The
+    # helper then leaves nothing behind, and one more helper tries again.
+    RETRIED_FAILURE = "timed out during startup"
+
     def __init__(self, niceness: int) -> None:
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._niceness = niceness
         # The node's processes inherit the trainer's import path from the helper: Ray's
         # prestarted workers can then host the trainer's actors (a job with a runtime_env
         # of its own would need new processes, and leave them idle).
         self.pythonpath = driver_pythonpath()
+        self.address: str | None = None
+        self.retries_left = 1
+        self._start()
+
+    def _start(self) -> None:
+        self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
-            [sys.executable, _SCRIPT, str(niceness)], stdin=subprocess.PIPE,
+            [sys.executable, _SCRIPT, str(self._niceness)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env={**os.environ, "PYTHONPATH": self.pythonpath})
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
-        self.address: str | None = None
         self._line: str | None = None
         self._answered = threading.Event()
         # A plain thread reading one line (no Ray in it): select() fails on descriptors
         # past 1024, which a trainer holding torch's shared-memory descriptors can reach.
-        threading.Thread(target=self._read_address, daemon=True,
-                         name="dpex-embedded-head").start()
+        threading.Thread(target=self._read_address, args=(self._proc, self._answered),
+                         daemon=True, name="dpex-embedded-head").start()
 
-    def _read_address(self) -> None:
+    def _read_address(self, proc: subprocess.Popen, answered: threading.Event) -> None:
         try:
-            self._line = self._proc.stdout.readline().strip()
+            self._line = proc.stdout.readline().strip()
         finally:
-            self._answered.set()
+            answered.set()
 
     def poll(self, timeout: float = 0.0) -> str | None:
         """The head's address once it is up (None until then, waiting up to ``timeout``).
@@ -82,21 +96,26 @@ class EmbeddedHead:
         Raises:
             RuntimeError: the helper exited without starting the head (with its output).
         """
-        if self.address is None:
-            if self._answered.wait(timeout):
-                if self._line:
-                    self.address = self._line
-                else:
-                    self._proc.wait()
-                    self._stderr.seek(0)
-                    raise RuntimeError("dpex could not start its embedded Ray (exit code "
-                                       f"{self._proc.returncode}):\n{self._stderr.read()[-3000:]}")
+        if self.address is None and self._answered.wait(timeout):
+            if self._line:
+                self.address = self._line
+            else:
+                self._proc.wait()
+                self._stderr.seek(0)
+                output = self._stderr.read()[-3000:]
+                if self.retries_left and self.RETRIED_FAILURE in output:
+                    self.retries_left -= 1
+                    self._start()
+                    return None
+                raise RuntimeError("dpex could not start its embedded Ray (exit code "
+                                   f"{self._proc.returncode}):\n{output}")
         return self.address
 
     def wait(self, timeout_s: float = 120.0) -> str:
-        address = self.poll(timeout_s)
-        if address is None:
-            raise RuntimeError(f"dpex's embedded Ray did not start within {timeout_s}s")
+        deadline = time.monotonic() + timeout_s
+        while (address := self.poll(max(0.0, deadline - time.monotonic()))) is None:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"dpex's embedded Ray did not start within {timeout_s}s")
         return address
 
     def stop(self) -> None:
