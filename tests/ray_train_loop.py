@@ -46,6 +46,7 @@ def train_loop(config: dict) -> None:
             saved = torch.load(os.path.join(folder, f"rank{rank}.pt"), weights_only=False)
         epoch, trained = saved["epoch"], saved["trained"]
         loader.load_state_dict(saved["loader"])
+        facts["resumed_at"] = [epoch, len(trained)]
     for epoch in range(epoch, EPOCHS):
         loader.sampler.set_epoch(epoch)
         for step, batch in enumerate(loader):
@@ -57,7 +58,10 @@ def train_loop(config: dict) -> None:
             # loaded state starts the next epoch (as torchdata's StatefulDataLoader does).
             _report(rank, epoch + (step + 1 == len(loader)), trained, loader, config["kind"])
     if facts["on_ray"]:
-        facts["nodes"] = sorted(iterated.stats().per_node)
+        stats = iterated.stats()
+        facts["nodes"] = sorted(stats.per_node)
+        facts["delivered"], facts["events"] = stats.batches, [
+            e.reason for e in stats.scaling_events]
     torch.save(trained, os.path.join(config["out"], f"{config['kind']}-rank{rank}.pt"))
     with open(os.path.join(config["out"], f"{config['kind']}-rank{rank}.json"), "w") as f:
         json.dump(facts, f)

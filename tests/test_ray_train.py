@@ -73,7 +73,7 @@ def test_each_rank_gets_torchs_batches_from_ray_actors(runs, name):
         actual, facts = runs[name][rank]
         assert not reference["on_ray"], reference
         assert facts["on_ray"], facts  # the loader iterated is dpex's, its workers Ray's
-        assert facts["nodes"] and "local" not in facts["nodes"], facts
+        assert facts["nodes"] and "local" not in facts["nodes"], json.dumps(facts)
         assert len(actual) == len(expected) == BATCHES_PER_RANK
         assert_batches_equal(expected, actual, f"{name}, rank {rank}")
 
