@@ -15,7 +15,10 @@ from dpex.placement import object_store_capacities
 _SYNC_S = 0.5  # how often a process reads its node owner's new entries
 _SEND_EVERY = 16  # entries sent to the owner in one call (or every _SYNC_S)
 _GET_TIMEOUT_S = 10.0  # an entry not read in this long (its node is going): a miss
-_FIRST_SYNC_S = 0.2  # at an epoch's start, a process waits this long for its owner's index
+# At an epoch's start, a process waits this long at most for a running owner's index. It
+# answers in milliseconds; on a loaded machine it took over 0.2 s, and each lookup made
+# before its answer computed a sample the cache held (a later job computed a batch again).
+_FIRST_SYNC_S = 2.0
 
 
 class MemoryTier:
