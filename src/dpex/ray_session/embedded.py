@@ -105,6 +105,9 @@ class EmbeddedHead:
                 output = self._stderr.read()[-3000:]
                 if self.retries_left and self.RETRIED_FAILURE in output:
                     self.retries_left -= 1
+                    self.stop()  # the exited helper's pipes and output
+                    self._proc.stdout.close()
+                    self._stderr.close()
                     self._start()
                     return None
                 raise RuntimeError("dpex could not start its embedded Ray (exit code "
