@@ -56,7 +56,7 @@ def test_short_epochs_go_on_locally_until_rays_processes_answer():
     assert out["spilled"] == 0 and out["grpc_channels"] == [], out
 
 
-@pytest.mark.slow  # 40 s: it waits out Ray's 30 s for a raylet to register
+@pytest.mark.slow  # 80 s on 2 cores: it waits out Ray's 30 s for a raylet to register
 def test_a_head_whose_raylet_does_not_register_in_time_is_started_again():
     """A machine too busy for the embedded head's raylet to register within Ray's 30 s (its
     raylet stopped here): the loop goes on locally, with torch's batches; the helper kills
