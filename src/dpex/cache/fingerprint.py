@@ -63,8 +63,7 @@ def code_digest(fn: Any, _depth: int = 0) -> bytes:
     if code is None:
         if isinstance(fn, type) or not hasattr(fn, "__dict__") or _depth > _MAX_DEPTH:
             # A class (``super()``'s ``__class__`` cell), a builtin: by its name.
-            name = getattr(fn, "__qualname__", type(fn).__qualname__)
-            digest.update(f"{getattr(fn, '__module__', '')}.{name}".encode())
+            digest.update(f"{getattr(fn, '__module__', '')}.{_name(fn)}".encode())
             return digest.digest()
         # A callable object: its class's __call__, and its state.
         digest.update(code_digest(type(fn).__call__, _depth + 1) + _pickled(vars(fn)))
@@ -96,7 +95,18 @@ def attributes_digest(owner: Any) -> bytes:
     state = owner.__getstate__() if hasattr(owner, "__getstate__") else vars(owner)
     if isinstance(state, dict):
         state = sorted(state.items(), key=lambda item: str(item[0]))
-    return hashlib.blake2b(_pickled((type(owner).__qualname__, state)), digest_size=16).digest()
+    return hashlib.blake2b(_pickled((_name(type(owner)), state)), digest_size=16).digest()
+
+
+def _name(obj: Any) -> str:
+    """A class's ``__name__``, not its ``__qualname__``: Ray unpickles a class it ships by
+    value (one defined in a function or in ``__main__``) with its qualified name cut to its
+    name, and a worker process on Ray would compute another namespace than one started
+    locally, missing every entry the latter stored. Anything else (a builtin): its
+    qualified name, or its type's."""
+    if isinstance(obj, type):
+        return obj.__name__
+    return getattr(obj, "__qualname__", type(obj).__qualname__)
 
 
 def files_of(owner: Any) -> list[tuple[str, str]]:
