@@ -118,6 +118,30 @@ def test_lost_entries_and_a_dead_worker_keep_torchs_bits(ray_local, tmp_path):
     assert _stage(loader).misses > 0
 
 
+def test_an_entry_read_in_place_from_the_store_gives_private_values(ray_local):
+    """A process reads an entry from Ray's store once and keeps it (memory.py): every hit
+    unpacks that one object, and what a hit hands back must not be the entry itself."""
+    import numpy as np
+
+    from dpex.cache import entries
+
+    frozen = np.arange(24, dtype=np.uint8).reshape(4, 6)
+    frozen.flags.writeable = False
+    value = {"tensor": torch.rand(5, 3).t(), "array": np.asfortranarray(np.random.rand(3, 4)),
+             "frozen": frozen}
+    stored = ray_local.get(ray_local.put(entries.pack(value)))
+    first = entries.unpack(stored)
+    first["tensor"].add_(1)
+    first["array"] += 1
+    with pytest.raises(ValueError):  # read-only, as the stage returned it
+        first["frozen"].flags.writeable = True
+    second = entries.unpack(stored)
+    assert torch.equal(second["tensor"], value["tensor"])
+    assert second["tensor"].stride() == value["tensor"].stride()
+    assert np.array_equal(second["array"], value["array"]) and second["array"].flags.f_contiguous
+    assert np.array_equal(second["frozen"], frozen) and not second["frozen"].flags.writeable
+
+
 def test_a_stage_that_draws_a_random_number_is_refused(ray_local, tmp_path):
     loader = dpex.DataLoader(DrawsInStage(8), batch_size=4, num_workers=2,
                              distribute_mode=True, cache=dpex.Cache(disk_dir=str(tmp_path)))

@@ -2,7 +2,10 @@
 
 Lossless: a hit returns what the stage returned, bit for bit, with the same dtype, shape
 and strides, and as a private, writable copy, as a fresh computation would be (the later,
-random stage may change it in place; the entry must not change with it).
+random stage may change it in place; the entry must not change with it). A read-only array
+stays read-only, so a hit from Ray's store is a view of the entry there, not a copy: its
+memory cannot be written (numpy refuses to make it writable), and it stays mapped while
+the view lives, even once its owner has gone.
 
 * A plain CPU tensor is stored as the bytes of its storage in its own layout (a copy with
   ``torch.preserve_format`` when that keeps its strides), as a numpy array: Ray keeps
@@ -88,6 +91,8 @@ def _unpack_leaf(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return np.array(value, copy=True, order="K")
     if isinstance(value, _ReadOnlyArray):
+        if not value.data.flags.writeable:  # in the store, which nothing writes: in place
+            return value.data.view()
         array = np.array(value.data, copy=True, order="K")
         array.flags.writeable = False
         return array

@@ -14,7 +14,8 @@ Why it is exact
 
 Where a lookup goes (``Space.get``)
   1. the node's object store (owner.py), through the index of references this process
-     has read from its node's owner: in place, then copied into the value returned;
+     has read from its node's owner, each read once, in place (memory.py), then copied
+     into the value returned (a read-only array: a view, as nothing can change it);
   2. the node's disk (disk.py), for entries that did not fit the object store;
   3. a miss: the stage runs between two snapshots of the generators, and its result is
      admitted to the first tier that has room (policy.py: admitted once, never evicted),
@@ -111,9 +112,12 @@ class CacheRuntime:
         return out or None
 
     def flush(self) -> None:
+        """Send the entries still pending, and let go of those read in place (the process
+        goes back to its pool, or the cache settings changed)."""
         for space in self._spaces.values():
             if space.memory is not None:
                 space.memory.send()
+                space.memory.unmap()
 
     def _space(self, stage: Any, owner: Any) -> Space:
         memo_key = (id(stage), id(owner))
