@@ -55,6 +55,7 @@ def test_entries_are_lossless_private_copies(make):
     blob = pickle.dumps(entries.pack(value), protocol=5)
     first, second = (entries.unpack(pickle.loads(blob)) for _ in range(2))
     _assert_identical(value, first)
+    _assert_identical(value, entries.unpack(entries.freeze(pickle.loads(blob))))  # a file's
     if isinstance(first, torch.Tensor) and first.numel() and 0 not in first.stride():
         first.add_(1)  # the later, random stage may change it in place
         _assert_identical(value, second)

@@ -43,9 +43,11 @@ class DiskTier:
                     f.write(stage)  # for `dpex cache ls`
 
     def get(self, key: str) -> Any:
+        from dpex.cache import entries
+
         try:
             with open(os.path.join(self.path, key), "rb") as f:
-                return pickle.load(f)
+                return entries.freeze(pickle.load(f))
         except FileNotFoundError:
             return MISS
         except (OSError, EOFError, pickle.UnpicklingError):  # a damaged entry: a miss

@@ -5,7 +5,8 @@ and strides, and as a private, writable copy, as a fresh computation would be (t
 random stage may change it in place; the entry must not change with it). A read-only array
 stays read-only, so a hit from Ray's store is a view of the entry there, not a copy: its
 memory cannot be written (numpy refuses to make it writable), and it stays mapped while
-the view lives, even once its owner has gone.
+the view lives, even once its owner has gone. A hit from a file is the array unpickled
+from it, made read-only (``freeze``): its reader's alone.
 
 * A plain CPU tensor is stored as the bytes of its storage in its own layout (a copy with
   ``torch.preserve_format`` when that keeps its strides), as a numpy array: Ray keeps
@@ -51,6 +52,18 @@ def unpack(stored: Any) -> Any:
     return map_structure(_unpack_leaf, stored)
 
 
+def freeze(stored: Any) -> Any:
+    """``stored`` as read from a file, private to its reader: its read-only arrays made
+    read-only where they are, so that ``unpack`` hands them back without a copy."""
+    def leaf(value: Any) -> Any:
+        if isinstance(value, _ReadOnlyArray) and value.data.flags.writeable:
+            value.data.flags.writeable = False
+        return value
+
+    map_structure(leaf, stored)
+    return stored
+
+
 def nbytes(stored: Any) -> int:
     """The bytes of the arrays in a packed entry (what it takes of a store), at least 1."""
     total = []
@@ -91,7 +104,7 @@ def _unpack_leaf(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return np.array(value, copy=True, order="K")
     if isinstance(value, _ReadOnlyArray):
-        if not value.data.flags.writeable:  # in the store, which nothing writes: in place
+        if not value.data.flags.writeable:  # in the store, or read by this process alone
             return value.data.view()
         array = np.array(value.data, copy=True, order="K")
         array.flags.writeable = False
