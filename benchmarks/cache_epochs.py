@@ -17,7 +17,9 @@ run is a fresh interpreter, as from a user's shell, with 2 workers and torch's d
 
 Per epoch: seconds, samples/s, and the CPU seconds per sample the machine spent outside the
 training process (the workers, and Ray's own processes for dpex), read from /proc/stat:
-run it on an otherwise idle machine. ``f``, the decode's share of a sample's CPU, is
+run it on an otherwise idle machine; and for dpex, the CPU its worker processes spent on
+the epoch's batches (``loader.stats().worker_cpu_s``), without Ray's start and daemons.
+``f``, the decode's share of a sample's CPU, is
 measured in the parent on 64 samples. Printed: every epoch of every repeat, then per
 epoch the medians and the worst over the repeats.
 """
@@ -112,17 +114,26 @@ def child(kind: str, folder: str, epochs: int, cache_dir: str) -> None:
     loader = dpex.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2, **kwargs)
     rows = []
     for _ in range(epochs):
-        hits_before = _hits(loader)
+        hits_before, own_workers0 = _hits(loader), _workers_cpu_s(kind, loader)
         cpu0, own0, t0 = machine_cpu_s(), time.process_time(), time.perf_counter()
         samples = sum(len(batch[1]) for batch in loader)
         seconds = time.perf_counter() - t0
         workers_cpu = (machine_cpu_s() - cpu0) - (time.process_time() - own0)
+        own_workers = _workers_cpu_s(kind, loader)
         hits, lookups = (a - b for a, b in zip(_hits(loader), hits_before))
         rows.append({"s": seconds, "per_s": samples / seconds,
                      "cpu_ms": 1000 * workers_cpu / samples,
+                     "workers_ms": (1000 * (own_workers - own_workers0) / samples
+                                    if own_workers is not None else None),
                      "hit_rate": hits / lookups if lookups else None})
     print(json.dumps({"kind": kind, "epochs": rows}), flush=True)
     del torch
+
+
+def _workers_cpu_s(kind: str, loader) -> float | None:
+    """dpex's worker processes' own CPU seconds on batches (None for torch's loader, whose
+    workers are all the CPU outside the trainer)."""
+    return None if kind == "torch" else loader.stats().worker_cpu_s
 
 
 def _hits(loader) -> tuple[int, int]:
@@ -158,28 +169,34 @@ def run(kind: str, folder: str, epochs: int) -> dict:
 def report(runs: list[dict[str, dict]], f: float) -> str:
     epochs = len(runs[0]["torch"]["epochs"])
     lines = [f"decode share of a sample's CPU, f = {f:.2f}", "",
-             "| repeat | loader | " + " | ".join(f"epoch {e}: samples/s, worker CPU ms/sample, hits"
-                                              for e in range(epochs)) + " |",
+             "Per epoch: samples/s; CPU ms per sample outside the trainer (workers, and Ray's "
+             "processes for dpex); dpex's worker processes' own CPU ms per sample; hits.", "",
+             "| repeat | loader | " + " | ".join(f"epoch {e}" for e in range(epochs)) + " |",
              "|" + "---|" * (epochs + 2)]
     for r, by_kind in enumerate(runs):
         for kind in KINDS:
             cells = [f"{e['per_s']:.0f}, {e['cpu_ms']:.1f}"
+                     + (f", {e['workers_ms']:.1f}" if e.get("workers_ms") is not None else "")
                      + (f", {e['hit_rate']:.0%}" if e["hit_rate"] is not None else "")
                      for e in by_kind[kind]["epochs"]]
             lines.append(f"| {r} | {kind} | " + " | ".join(cells) + " |")
     lines += ["", "| epoch | cache / torch samples/s, median (worst) | cache / off, median (worst) "
-              "| half / off, median (worst) | cache CPU / its epoch 0's, median (worst) |",
-              "|---|---|---|---|---|"]
+              "| half / off, median (worst) | cache CPU / its epoch 0's, median (worst) "
+              "| cache workers' own CPU / epoch 0's, median (worst) |",
+              "|---|---|---|---|---|---|"]
     for e in range(epochs):
         def ratio(a: str, b: str, key: str = "per_s") -> list[float]:
             return [r[a]["epochs"][e][key] / r[b]["epochs"][e][key] for r in runs]
         cpu = [r["dpex cache"]["epochs"][e]["cpu_ms"] / r["dpex cache"]["epochs"][0]["cpu_ms"]
                for r in runs]
+        own = [r["dpex cache"]["epochs"][e]["workers_ms"]
+               / r["dpex cache"]["epochs"][0]["workers_ms"] for r in runs]
         cells = [ratio("dpex cache", "torch"), ratio("dpex cache", "dpex off"),
                  ratio("dpex half", "dpex off")]
         lines.append(f"| {e} | " + " | ".join(f"{statistics.median(x):.2f} ({min(x):.2f})"
                                               for x in cells)
-                     + f" | {statistics.median(cpu):.2f} ({max(cpu):.2f}) |")
+                     + " | " + " | ".join(f"{statistics.median(x):.2f} ({max(x):.2f})"
+                                          for x in (cpu, own)) + " |")
     lines.append(f"\ntarget for the cache's CPU from epoch 1: at most (1 - f) + 0.05 = "
                  f"{1 - f + 0.05:.2f} of epoch 0's")
     return "\n".join(lines)
