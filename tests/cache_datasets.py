@@ -87,3 +87,20 @@ class DiesOnce(Decoded):
             open(marker, "w").close()
             os._exit(1)
         return super().__getitem__(i)
+
+
+class ChangesItsDecode(Decoded):
+    """A numpy "decode" whose caller changes the array in place (``out=``, ``+=``), as an
+    augmentation may: the entry must keep what the stage returned, not what became of it."""
+
+    @dpex.cached
+    def decode(self, i: int):
+        import numpy as np
+
+        time.sleep(0.005)
+        return np.full((8, 8), float(i), dtype=np.float32)
+
+    def __getitem__(self, i: int):
+        image = self.decode(i)
+        image += float(torch.randint(1, 100, ()))
+        return torch.from_numpy(image), i

@@ -15,7 +15,7 @@ import dpex
 from dpex.cache.owner import RAY_NAMESPACE
 from dpex.ray_session import auth
 
-from cache_datasets import Decoded, DiesOnce, DrawsInStage, runs_in
+from cache_datasets import ChangesItsDecode, Decoded, DiesOnce, DrawsInStage, runs_in
 from conftest import user_env
 from helpers import _list_actors, assert_batches_equal, wait_until
 
@@ -85,6 +85,7 @@ def test_cold_warm_off_and_a_later_job_are_torchs_bits(ray_local, tmp_path, pers
     # A later job: a new loader and dataset object, same namespace. Its owner holds every
     # entry once the first loader's processes have sent them.
     assert wait_until(lambda: _owner_entries() >= N, timeout=10)
+    assert not _owners_with_torch()  # their process starts beside the loop: kept light
     got, later = _dpex_epochs(Decoded(N, str(runs)), 2, cache, persistent_workers=persistent)
     assert_batches_equal(expected[:2], got, "a later job")
     assert len(runs_in(str(runs))) == len(computed)  # nothing computed again
@@ -103,6 +104,21 @@ def _owner_entries() -> int:
     return sum(ray.get(handle.describe.remote())["entries"] for handle in handles)
 
 
+def _owners_with_torch() -> list[int]:
+    """The owners' processes that mapped torch's library (imported torch)."""
+    import ray
+
+    pids = [ray.get(ray.get_actor(a.name, namespace=RAY_NAMESPACE).describe.remote())["pid"]
+            for a in _owners()]
+    assert pids
+    with_torch = []
+    for pid in pids:
+        with open(f"/proc/{pid}/maps") as f:
+            if "libtorch" in f.read():
+                with_torch.append(pid)
+    return with_torch
+
+
 def test_lost_entries_and_a_dead_worker_keep_torchs_bits(ray_local, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -116,6 +132,17 @@ def test_lost_entries_and_a_dead_worker_keep_torchs_bits(ray_local, tmp_path):
     assert_batches_equal(expected, got, "entries lost, a worker killed")
     assert loader.stats().worker_restarts == 1
     assert _stage(loader).misses > 0
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_a_stage_output_changed_in_place_after_it_returns_is_cached_as_returned(
+        ray_local, tmp_path, tier):
+    cache = (dpex.Cache(disk_bytes=0) if tier == "memory"
+             else dpex.Cache(disk_dir=str(tmp_path), memory_share=0.0))
+    expected = _torch_epochs(ChangesItsDecode(N), 3)
+    got, loader = _dpex_epochs(ChangesItsDecode(N), 3, cache)
+    assert_batches_equal(expected, got, f"cold, then warm ({tier})")
+    assert _stage(loader).hits > 0
 
 
 def test_an_entry_read_in_place_from_the_store_gives_private_values(ray_local):

@@ -54,7 +54,7 @@ class DiskTier:
             return MISS
 
     def put(self, key: str, stored: Any) -> int:
-        """Hand ``stored`` to the writer thread, which keeps it if it fits the budget; its
+        """Hand ``stored``, pickled, to the writer thread, which keeps it if it fits the budget; its
         bytes, or 0 when it is not kept (the budget is full, or the writer is behind)."""
         from dpex.cache import entries
 
@@ -63,8 +63,8 @@ class DiskTier:
         if self._queue is None:
             self._queue = queue.Queue(_QUEUE)
             threading.Thread(target=self._write_all, daemon=True, name="dpex-cache-disk").start()
-        try:
-            self._queue.put_nowait((key, stored))
+        try:  # pickled now: the value may change once the stage's caller has it
+            self._queue.put_nowait((key, pickle.dumps(stored, protocol=5)))
         except queue.Full:
             return 0
         return entries.nbytes(stored)
@@ -86,15 +86,14 @@ class DiskTier:
 
     def _write_all(self) -> None:
         while True:
-            key, stored = self._queue.get()
+            key, data = self._queue.get()
             try:
                 if not self.full:
-                    self._write(key, stored)
+                    self._write(key, data)
             finally:
                 self._queue.task_done()
 
-    def _write(self, key: str, stored: Any) -> None:
-        data = pickle.dumps(stored, protocol=5)
+    def _write(self, key: str, data: bytes) -> None:
         if not self._admit(len(data)):
             return
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")

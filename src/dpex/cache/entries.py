@@ -17,10 +17,15 @@ from it, made read-only (``freeze``): its reader's alone.
   pickling keeps a tensor's storage, offset and strides).
 * A numpy array keeps its dtype, shape, C or Fortran order, and whether it is writable
   (``np.asarray`` of a Pillow image is not: torch warns on ``from_numpy`` of it alike).
+
+An entry is taken as the stage returns it: ``pack`` copies a tensor or a writable array
+(the caller may change it in place, as an augmentation may, before the entry is stored),
+and the tiers pickle anything else before they hand the value back (disk.py, memory.py).
 """
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +57,22 @@ def unpack(stored: Any) -> Any:
     return map_structure(_unpack_leaf, stored)
 
 
+def to_parts(stored: Any) -> tuple[bytes, list[np.ndarray]]:
+    """``stored`` as its node's cache owner keeps it (owner.py): pickled, with its arrays
+    out of band as plain bytes. The owner, a process that never imports torch, unpickles
+    and stores only bytes and numpy arrays; a reader maps the arrays in place."""
+    buffers: list[Any] = []
+    meta = pickle.dumps(stored, protocol=5, buffer_callback=buffers.append)
+    return meta, [np.frombuffer(buffer.raw(), dtype=np.uint8) for buffer in buffers]
+
+
+def from_parts(parts: tuple[bytes, list[np.ndarray]]) -> Any:
+    """The entry ``to_parts`` took apart; its arrays are views of ``parts``' arrays (in
+    Ray's store, read-only, when read from there)."""
+    meta, arrays = parts
+    return pickle.loads(meta, buffers=arrays)
+
+
 def freeze(stored: Any) -> Any:
     """``stored`` as read from a file, private to its reader: its read-only arrays made
     read-only where they are, so that ``unpack`` hands them back without a copy."""
@@ -81,8 +102,9 @@ def _plain(value: Any) -> bool:
 
 
 def _pack_leaf(value: Any) -> Any:
-    if isinstance(value, np.ndarray) and not value.flags.writeable:
-        return _ReadOnlyArray(value)
+    if isinstance(value, np.ndarray):  # a writable one is copied: its caller may change it
+        return (_ReadOnlyArray(value) if not value.flags.writeable
+                else np.array(value, copy=True, order="K"))
     if not _plain(value):
         return value
     dense = value.clone(memory_format=torch.preserve_format)

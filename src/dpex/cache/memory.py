@@ -59,9 +59,11 @@ class MemoryTier:
         if not disk.is_miss(stored) or box is None:
             return stored
         try:
-            stored = self._mapped[key] = ray.get(box[0], timeout=_GET_TIMEOUT_S)
+            parts = ray.get(box[0], timeout=_GET_TIMEOUT_S)
         except (ObjectLostError, GetTimeoutError):  # its owner or node went: a miss
             del self._index[key]
+            return stored
+        stored = self._mapped[key] = entries.from_parts(parts)
         return stored
 
     def unmap(self) -> None:
@@ -81,7 +83,7 @@ class MemoryTier:
             values = ray.get([self._index[key][0] for key in keys], timeout=_GET_TIMEOUT_S)
         except (ObjectLostError, GetTimeoutError):
             return
-        self._mapped.update(zip(keys, values))
+        self._mapped.update((key, entries.from_parts(parts)) for key, parts in zip(keys, values))
 
     def has(self, key: str) -> bool:
         return key in self._index or any(k == key for k, _, _ in self._pending)
@@ -95,7 +97,7 @@ class MemoryTier:
         if self._owner is None:  # started now: its process takes a second or two to be up
             self._owner = owner_for(user(), self._name, self._label, self._node, self.limit,
                                     self._ttl_s)
-        self._pending.append((key, stored, nbytes))
+        self._pending.append((key, entries.to_parts(stored), nbytes))
         if len(self._pending) >= _SEND_EVERY:
             self.send()
         return nbytes
@@ -103,9 +105,9 @@ class MemoryTier:
     def probe_read(self, key: str, stored: Any) -> float:
         import ray
 
-        ref = ray.put(stored)
+        ref = ray.put(entries.to_parts(stored))
         started = time.perf_counter()
-        entries.unpack(ray.get(ref))
+        entries.unpack(entries.from_parts(ray.get(ref)))
         return time.perf_counter() - started
 
     def send(self) -> None:
