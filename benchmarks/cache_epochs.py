@@ -15,6 +15,12 @@ run is a fresh interpreter, as from a user's shell, with 2 workers and torch's d
   Ray, and the object-store entries with it, start with the run);
 * ``dpex half``: the cache on disk only, with a budget of half the decoded dataset.
 
+With ``--cluster``, dpex's loaders join a ``ray start --head`` started here with Ray's
+defaults (through ``RAY_ADDRESS``, as jobs on a cluster do; the caches a run left are
+removed with ``dpex cache rm`` before the next), so their workers are Ray actors from the
+first batch; without it, each run starts the embedded Ray, and its first epochs run on
+local processes while Ray starts on the same cores.
+
 Per epoch: seconds, samples/s, and the CPU seconds per sample the machine spent outside the
 training process (the workers, and Ray's own processes for dpex), read from /proc/stat:
 run it on an otherwise idle machine; and for dpex, the CPU its worker processes spent on
@@ -155,12 +161,17 @@ def decode_share(folder: str, samples: int = 64) -> float:
     return decode / (time.process_time() - t0)
 
 
-def run(kind: str, folder: str, epochs: int) -> dict:
+def run(kind: str, folder: str, epochs: int, address: str | None = None) -> dict:
+    env = {**os.environ, "RAY_ADDRESS": address} if address else None
     with tempfile.TemporaryDirectory(prefix="dpex-bench-cache-") as cache_dir:
+        if address:  # cold: the entries an earlier run left in the cluster's stores go
+            subprocess.run([sys.executable, "-m", "dpex", "cache", "rm", "--all",
+                            "--address", address, "--disk-dir", cache_dir],
+                           capture_output=True, check=True, timeout=120)
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind,
                                "--folder", folder, "--epochs", str(epochs),
                                "--cache-dir", cache_dir],
-                              capture_output=True, text=True, timeout=900)
+                              capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -208,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--items", type=int, default=512)
     parser.add_argument("--folder", default=None, help="where the JPEGs are (made if missing)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="join dpex's loaders to a `ray start --head` started here (Ray's "
+                             "defaults), as on a cluster, instead of the embedded Ray")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -218,12 +232,23 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(folder, exist_ok=True)
     make_files(folder, args.items)
     f = decode_share(folder)
-    runs = []
-    for repeat in range(args.repeats):
-        order = KINDS if repeat % 2 == 0 else tuple(reversed(KINDS))
-        runs.append({kind: run(kind, folder, args.epochs) for kind in order})
+    head = None
+    if args.cluster:
+        from share_trainers import Head
+
+        head = Head()
+    try:
+        address = f"127.0.0.1:{head.port}" if head else None
+        runs = []
+        for repeat in range(args.repeats):
+            order = KINDS if repeat % 2 == 0 else tuple(reversed(KINDS))
+            runs.append({kind: run(kind, folder, args.epochs, address) for kind in order})
+    finally:
+        if head is not None:
+            head.stop()
+    where = "joined to a `ray start --head`" if head else "the embedded Ray"
     print(f"{args.items} JPEGs of {SIZE[0]}x{SIZE[1]}, batches of 32, 2 workers, torch's "
-          f"defaults; {args.repeats} repeats\n")
+          f"defaults, {where}; {args.repeats} repeats\n")
     print(report(runs, f))
     return 0
 
