@@ -54,8 +54,9 @@ class DiskTier:
             return MISS
 
     def put(self, key: str, stored: Any) -> int:
-        """Hand ``stored``, pickled, to the writer thread, which keeps it if it fits the budget; its
-        bytes, or 0 when it is not kept (the budget is full, or the writer is behind)."""
+        """Hand ``stored``, pickled, to the writer thread, which keeps it if it fits the
+        budget; its bytes, or 0 when it is not kept (the budget is full, or the writer is
+        behind)."""
         from dpex.cache import entries
 
         if self.full:

@@ -63,4 +63,3 @@ class CostModel:
     def add_read(self, seconds: float) -> None:
         if len(self.read_s) < 4 * MIN_SAMPLES:
             self.read_s.append(seconds)
-
