@@ -96,20 +96,21 @@ def test_cold_warm_off_and_a_later_job_are_torchs_bits(ray_local, tmp_path, pers
     assert off.stats().cache == () and len(runs_in(str(runs))) == len(computed) + N
 
 
-def _owner_entries() -> int:
+def _owners_described() -> list[dict]:
     import ray
 
     # The handle kept in a name: Ray 2.40 loses a handle that only a chained call holds.
     handles = [ray.get_actor(a.name, namespace=RAY_NAMESPACE) for a in _owners()]
-    return sum(ray.get(handle.describe.remote())["entries"] for handle in handles)
+    return [ray.get(handle.describe.remote()) for handle in handles]
+
+
+def _owner_entries() -> int:
+    return sum(owner["entries"] for owner in _owners_described())
 
 
 def _owners_with_torch() -> list[int]:
     """The owners' processes that mapped torch's library (imported torch)."""
-    import ray
-
-    pids = [ray.get(ray.get_actor(a.name, namespace=RAY_NAMESPACE).describe.remote())["pid"]
-            for a in _owners()]
+    pids = [owner["pid"] for owner in _owners_described()]
     assert pids
     with_torch = []
     for pid in pids:
