@@ -117,6 +117,28 @@ def test_resume_with_distributed_sampler_and_set_epoch(mode):
     assert_batches_equal(expected, head + rest)
 
 
+@pytest.mark.parametrize("mode, persistent", CASES)
+def test_a_state_saved_with_an_epochs_last_batch_starts_the_next_epoch(mode, persistent):
+    """A checkpoint per step: the last one of an epoch is saved with its last batch, before
+    the iterator has raised StopIteration. Loaded, it starts the next epoch (as torchdata's
+    StatefulDataLoader does); it once replayed the same epoch, which had no batches left.
+    Saved after StopIteration, the same."""
+    def make():
+        return dpex.DataLoader(AugmentedDataset(20), batch_size=3, shuffle=True, num_workers=2,
+                               persistent_workers=persistent, **mode_args(mode),
+                               generator=torch.Generator().manual_seed(5))
+
+    loader = make()
+    expected = [list(loader) for _ in range(2)]
+    loader = make()
+    for batch in loader:
+        with_last_batch = loader.state_dict()
+    for state in (with_last_batch, loader.state_dict()):
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert_batches_equal(expected[1], list(resumed), "the next epoch")
+
+
 @pytest.mark.parametrize("mode", [False, True])
 def test_iterable_dataset_resumes_through_its_own_state(mode):
     def make():

@@ -25,7 +25,8 @@ from dpex.integrations import rebuilt
 from dpex.move_policy import MovePolicy
 from dpex.placement import WorkerOptions
 from dpex.ray_metrics import LoaderMetrics, default_name
-from dpex.resume import EpochRecord, PendingResume, RecordingCollate, ResumingWorkerInit
+from dpex.resume import (EpochRecord, PendingResume, RecordingCollate, ResumingWorkerInit,
+                         epoch_length)
 from dpex.stats import LoaderStats, StatsSnapshot
 from dpex.timeline import Timeline
 from dpex.torch_mode import ResumingIndexSampler, TimedIterator, swapped
@@ -201,7 +202,9 @@ class DataLoader(TorchDataLoader):
         new_workers = workers > 0 and not (self.persistent_workers and self._torch_persistent_started)
         drawn = new_workers and (resume is None or resume.base_seed_drawn)
         self._record.start_epoch(self.generator, workers, base_seed_drawn=drawn,
-                                 carry_workers=resume is not None or not new_workers)
+                                 carry_workers=resume is not None or not new_workers,
+                                 length=epoch_length(self._base_index_sampler,
+                                                     isinstance(self.dataset, IterableDataset)))
         swaps: dict[str, Any] = {}
         pad = 0
         if new_workers:

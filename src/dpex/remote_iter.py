@@ -81,7 +81,7 @@ from dpex.placement import NodePicker, WorkerOptions, object_store_capacities
 from dpex.receive import Receive
 from dpex.sharing import Sharing
 from dpex.store_budget import StoreBudget
-from dpex.resume import EpochRecord, PendingResume, skipping
+from dpex.resume import EpochRecord, PendingResume, epoch_length, skipping
 from dpex.seeding import draw_base_seed
 from dpex.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
 
@@ -122,6 +122,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
             self._generator, self._num_workers,
             base_seed_drawn=resume is None or resume.base_seed_drawn,
             carry_workers=resume is not None,
+            length=epoch_length(self._index_sampler, self._is_iterable),
         )
         # Same order of generator draws as torch's iterator: base seed, then the sampler.
         if resume is not None and not resume.base_seed_drawn:
@@ -206,7 +207,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
             self._drain()
             self._share_next_epoch()
             self._record.start_epoch(self._generator, self._num_workers,
-                                     base_seed_drawn=False, carry_workers=True)
+                                     base_seed_drawn=False, carry_workers=True,
+                                     length=epoch_length(self._index_sampler, self._is_iterable))
         self._sampler_iter = skipping(self._index_sampler, skip, 0, None)
         self._loader_name = loader.name  # its tag on Ray's metrics endpoint (ray_metrics)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)

@@ -44,12 +44,15 @@ class EpochRecord:
     delivered: int = 0
     started: bool = False  # an epoch has begun (its generator may be None)
     complete: bool = False
+    length: int | None = None  # the epoch's batches, where the sampler knows them
     workers: list[WorkerPosition] = field(default_factory=list)
 
     def start_epoch(self, generator, num_workers: int, base_seed_drawn: bool,
-                    carry_workers: bool) -> None:
-        """Record an epoch's start; call before its iterator consumes the generator."""
+                    carry_workers: bool, length: int | None = None) -> None:
+        """Record an epoch's start; call before its iterator consumes the generator.
+        ``length``: its batches (``epoch_length``)."""
         self.generator_state = _generator_state(generator)
+        self.length = length
         self.base_seed_drawn = base_seed_drawn
         if base_seed_drawn:
             self.base_seed = peek_base_seed(generator)
@@ -65,7 +68,12 @@ class EpochRecord:
             self.workers[worker_id] = WorkerPosition(rng, dataset_state)
 
     def to_state_dict(self, generator) -> dict[str, Any]:
-        in_progress = self.started and not self.complete
+        # An epoch whose last batch the loop has is over, whether or not its iterator has
+        # raised StopIteration yet: a state saved with that batch (a checkpoint per step)
+        # starts the next epoch, as torchdata's StatefulDataLoader does. Replayed instead,
+        # it was an epoch of no batches, and the loop lost a whole epoch.
+        over = self.complete or (self.length is not None and self.delivered >= self.length)
+        in_progress = self.started and not over
         return {
             "version": STATE_VERSION,
             # Mid-epoch: replay this epoch from its start. Otherwise: the next epoch starts
@@ -79,6 +87,17 @@ class EpochRecord:
                 for w in self.workers
             ],
         }
+
+
+def epoch_length(index_sampler: Any, is_iterable: bool) -> int | None:
+    """The batches of an epoch over a map-style dataset (None for an IterableDataset, whose
+    replicas decide their end, or a sampler without ``len``)."""
+    if is_iterable:
+        return None
+    try:
+        return len(index_sampler)
+    except TypeError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,10 @@ class PendingResume:
         # has moved on since: use the saved base seed instead of drawing one.
         drawn = state["generator_state"] is not None and (
             state["base_seed_drawn"] or not persistent_workers)
+        if skip == 0 and not persistent_workers:
+            # An epoch from its start, on new worker processes: seeded afresh from the base
+            # seed it draws, as torch's are, not from where the saved epoch's workers ended.
+            workers = []
         return cls(skip, state["base_seed"], drawn, workers)
 
     def worker_positions_needed(self) -> bool:
