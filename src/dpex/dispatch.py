@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpex.local_workers import LOCAL_NODE
 from dpex.placement import object_store_capacities
-from dpex.resume import WorkerPosition
+from dpex.resume import WorkerPosition, epoch_length
 
 if TYPE_CHECKING:
     from dpex.process_handle import WorkerSlot
@@ -92,10 +92,7 @@ class Dispatch:
         """How far the sampler may be read ahead of torch's iterator (see the NOTE)."""
         if is_iterable:  # torch's endless sampler of None: each replica decides its end
             return math.inf
-        try:
-            return len(index_sampler)
-        except TypeError:
-            return 0
+        return epoch_length(index_sampler, is_iterable) or 0
 
     def _max_tasks(self) -> int:
         return self._prefetch_factor * sum(self._call_size(s) for s in self._slots)

@@ -62,7 +62,7 @@ class MemoryTier:
             parts = ray.get(box[0], timeout=_GET_TIMEOUT_S)
         except (ObjectLostError, GetTimeoutError):  # its owner or node went: a miss
             del self._index[key]
-            return stored
+            return disk.MISS
         stored = self._mapped[key] = entries.from_parts(parts)
         return stored
 
