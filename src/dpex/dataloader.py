@@ -21,6 +21,7 @@ from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 
 from dpex import compat
 from dpex.cache import Cache
+from dpex.cache.private_folder import checked_folder
 from dpex.integrations import rebuilt
 from dpex.move_policy import MovePolicy
 from dpex.placement import WorkerOptions
@@ -112,6 +113,10 @@ class DataLoader(TorchDataLoader):
         if cache is True or cache is None:
             cache = Cache()
         self.cache: Cache | None = cache or None
+        if (distribute_mode and self.cache is not None and self.cache.disk_dir
+                and self.cache.disk_bytes > 0):
+            # A folder others could write is refused now, not in a worker an epoch later.
+            checked_folder(self.cache.disk_dir, group=self.cache.disk_shared_with_group)
         if share is not None and not (isinstance(share, str) and share):
             raise TypeError(f"share should be a non-empty str naming a stream, or None, "
                             f"but got {share!r}")

@@ -15,6 +15,7 @@ from typing import Any
 from dpex.cache.disk import folder_usage
 from dpex.cache.options import default_folder, user
 from dpex.cache.owner import RAY_NAMESPACE
+from dpex.cache.private_folder import CacheFolderError, checked_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,11 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the Ray cluster (default: the one this machine belongs to, if any)")
         p.add_argument("--disk-dir", default=None,
                        help=f"the cache folder on this node (default: {default_folder()})")
+        p.add_argument("--disk-shared-with-group", action="store_true",
+                       help="the folder is shared with its group (dpex.Cache's "
+                            "disk_shared_with_group): trust its group too")
     ls.add_argument("--json", action="store_true", help="one JSON list, for scripts")
 
 
 def run(args: argparse.Namespace) -> int:
-    folder = args.disk_dir or default_folder()
+    folder = checked_or_none(args.disk_dir or default_folder(), args.disk_shared_with_group)
     owners = _owners(args.address)
     caches = [dict(where="memory", **info) for _, info in owners] + _folders(folder)
     if args.action == "ls":
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                and c["node"] == info["node"] for c in chosen):
             ray.kill(handle, no_restart=True)
     for cache in chosen:
-        if cache["where"] == "disk":
+        if cache["where"] == "disk" and folder is not None:
             shutil.rmtree(os.path.join(folder, cache["namespace"]), ignore_errors=True)
     print(f"removed {len(chosen)} cache(s); folders on other nodes expire with their TTL",
           file=sys.stderr)
@@ -84,8 +88,23 @@ def _owners(address: str) -> list[tuple[Any, dict]]:
     return found
 
 
-def _folders(folder: str) -> list[dict]:
+def checked_or_none(folder: str, group: bool) -> str | None:
+    """The real path of this node's cache folder, checked (private_folder.py); None where
+    it is missing (nothing to list, and none is made) or refused (said on stderr: it is
+    neither read nor removed)."""
+    if not os.path.lexists(folder):
+        return None
+    try:
+        return checked_folder(folder, group=group)
+    except CacheFolderError as error:
+        print(f"dpex cache: skipping this node's disk: {error}", file=sys.stderr)
+        return None
+
+
+def _folders(folder: str | None) -> list[dict]:
     out = []
+    if folder is None:
+        return out
     try:
         names = sorted(os.listdir(folder))
     except OSError:
