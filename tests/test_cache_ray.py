@@ -5,6 +5,7 @@ stored; a stage that draws is refused; an owner expires; ``dpex cache ls`` / ``r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,7 +16,8 @@ import dpex
 from dpex.cache.owner import RAY_NAMESPACE
 from dpex.ray_session import auth
 
-from cache_datasets import ChangesItsDecode, Decoded, DiesOnce, DrawsInStage, runs_in
+from cache_datasets import (ChangesItsDecode, Decoded, DiesOnce, DrawsInStage, FolderImages,
+                            runs_in)
 from conftest import user_env
 from helpers import _list_actors, assert_batches_equal, wait_until
 
@@ -144,6 +146,30 @@ def test_a_stage_output_changed_in_place_after_it_returns_is_cached_as_returned(
     got, loader = _dpex_epochs(ChangesItsDecode(N), 3, cache)
     assert_batches_equal(expected, got, f"cold, then warm ({tier})")
     assert _stage(loader).hits > 0
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_a_file_rewritten_after_a_job_is_read_again_from_either_tier(ray_local, tmp_path, tier):
+    """A folder and names: a later job finds the entries an earlier one left, and reads
+    again the one file rewritten in place since (same name, size and modification time)."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for n in range(N):
+        (images / f"{n:03}.jpg").write_bytes(bytes([n]) * 48)
+    cache = (dpex.Cache(disk_bytes=0) if tier == "memory"
+             else dpex.Cache(disk_dir=str(tmp_path / "disk"), memory_share=0.0))
+    got, _ = _dpex_epochs(FolderImages(str(images)), 1, cache)
+    assert_batches_equal(_torch_epochs(FolderImages(str(images)), 1), got, "first job")
+    if tier == "memory":
+        assert wait_until(lambda: _owner_entries() >= N, timeout=10)
+    image = images / "007.jpg"
+    st = os.stat(image)
+    image.write_bytes(b"\xff" * 48)
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
+    got, later = _dpex_epochs(FolderImages(str(images)), 2, cache)
+    assert_batches_equal(_torch_epochs(FolderImages(str(images)), 2), got, "after the rewrite")
+    stage = _stage(later)
+    assert stage.stale >= 1 and stage.hits >= N, stage
 
 
 def test_an_entry_read_in_place_from_the_store_gives_private_values(ray_local):

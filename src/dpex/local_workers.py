@@ -30,6 +30,7 @@ from typing import Any
 import ray
 
 from dpex import process_ends
+from dpex.cache import runtime as cache_runtime
 from dpex.worker import Worker
 
 LOCAL_NODE = "local"  # the node id of a local process, in ``loader.stats().per_node`` too
@@ -186,6 +187,7 @@ def _serve(conn: Any, dataset: Any, config: Any, trainer_pid: int) -> None:
         except (EOFError, OSError):
             return
         if message is _STOP:
+            cache_runtime.flush()  # the entries its disk writer still holds
             return
         call_id, name, args = message
         try:

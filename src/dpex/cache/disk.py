@@ -4,14 +4,20 @@ Every process on a node shares the folder (``Cache.disk_dir``/<namespace>/): an 
 one file, written under a temporary name and renamed into place, so a reader sees a whole
 entry or none. A process writes its entries in a thread of its own, so a disk slower than
 the stage never holds up a batch: where the thread is ``_QUEUE`` entries behind, an entry
-is not kept (it is computed again next time, and kept then). The bytes admitted are counted in the folder's ``.bytes`` file under an
-``flock``, so the processes of a node together stay within ``Cache.disk_bytes`` (admitted
-once, never evicted). ``.last_use`` is touched as the namespace is used; a folder unused
-for ``Cache.ttl_s`` is removed by the next process that opens the cache folder.
+is not kept (it is computed again next time, and kept then). The bytes admitted are counted
+in the folder's ``.bytes`` file under an ``flock``, so the processes of a node together stay
+within ``Cache.disk_bytes`` (admitted once, never evicted). ``.last_use`` is touched as the
+namespace is used; a folder unused for ``Cache.ttl_s`` is removed by the next process that
+opens the cache folder.
+
+The folder is the user's alone (private_folder.py: NOTE [ dpex Cache Folder Trust ]), and so
+is everything made in it: namespace folders 0700, files 0600 (0o2770 and 0o660 where it is
+shared with its group).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pickle
@@ -20,27 +26,90 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from dpex.cache.private_folder import checked_folder, file_mode, folder_mode
+
+if TYPE_CHECKING:
+    from dpex.cache.options import Cache
 
 MISS = object()
 _QUEUE = 16
 
+# Per process: the checked folder of each (disk_dir, disk_shared_with_group), or None
+# where the default folder was refused (warned once). See open_tier.
+_FOLDERS: dict[tuple[str | None, bool], str | None] = {}
+
+
+def open_tier(options: Cache, namespace: str, stage: str) -> DiskTier | None:
+    """This process's disk tier of ``namespace`` (None: the default folder is refused).
+
+    The first tier a process opens in a folder checks the folder (private_folder.py) and
+    removes its namespace folders unused for their TTL (``expire``); a refused default
+    folder warns then, once, and a refused ``disk_dir`` raises ``CacheFolderError``.
+    """
+    key = (options.disk_dir or None, options.disk_shared_with_group)
+    if key not in _FOLDERS:
+        folder = options.checked_folder()
+        if folder is not None:
+            expire(folder)
+        _FOLDERS[key] = folder
+    folder = _FOLDERS[key]
+    if folder is None:
+        return None
+    return DiskTier(folder, namespace, options.disk_bytes, options.ttl_s, stage,
+                    group=options.disk_shared_with_group)
+
 
 class DiskTier:
+    """One namespace's entries in ``folder``/<namespace>/, made private to the user (or
+    to the folder's group: ``group``).
+
+    Raises:
+        CacheFolderError: ``folder`` could be written by someone else
+            (private_folder.py); nothing is written into it.
+    """
+
     def __init__(self, folder: str, namespace: str, limit: int, ttl_s: float,
-                 stage: str = "") -> None:
+                 stage: str = "", *, group: bool = False) -> None:
         self.path = os.path.join(folder, namespace)
         self.limit = limit
         self.full = limit <= 0
+        self._group = group
         self._ttl_s = ttl_s
         self._touched = 0.0
         self._queue: queue.Queue | None = None
         if not self.full:
-            os.makedirs(self.path, exist_ok=True)
+            self.path = os.path.join(checked_folder(folder, group=group), namespace)
+            self._make_namespace_folder()
             self.touch()
-            if stage and not os.path.exists(os.path.join(self.path, ".stage")):
-                with open(os.path.join(self.path, ".stage"), "w") as f:
-                    f.write(stage)  # for `dpex cache ls`
+            if stage:
+                self._write_once(".stage", stage)  # for `dpex cache ls`
+
+    def _make_namespace_folder(self) -> None:
+        mode = folder_mode(self._group)
+        try:
+            os.mkdir(self.path, mode)
+        except FileExistsError:
+            return
+        os.chmod(self.path, mode)  # the umask may have cut bits
+
+    def _open(self, name: str, flags: int) -> int:
+        """A file of the namespace folder, made with the tier's file mode if missing."""
+        fd = os.open(os.path.join(self.path, name), flags | os.O_CREAT | os.O_NOFOLLOW,
+                     file_mode(self._group))
+        if self._group:  # the umask may have cut the group's bits; another's file stays
+            with contextlib.suppress(PermissionError):
+                os.fchmod(fd, file_mode(True))
+        return fd
+
+    def _write_once(self, name: str, text: str) -> None:
+        try:
+            fd = self._open(name, os.O_WRONLY | os.O_EXCL)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
 
     def get(self, key: str) -> Any:
         from dpex.cache import entries
@@ -80,10 +149,17 @@ class DiskTier:
         entries.unpack(pickle.loads(pickle.dumps(stored, protocol=5)) if found is MISS else found)
         return time.perf_counter() - started
 
-    def settle(self) -> None:
-        """Wait until every entry handed to the writer is written (or refused)."""
-        if self._queue is not None:
+    def settle(self, timeout_s: float | None = None) -> None:
+        """Wait until every entry handed to the writer is written (or refused), or at
+        most ``timeout_s``."""
+        if self._queue is None:
+            return
+        if timeout_s is None:
             self._queue.join()
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _write_all(self) -> None:
         while True:
@@ -97,7 +173,9 @@ class DiskTier:
     def _write(self, key: str, data: bytes) -> None:
         if not self._admit(len(data)):
             return
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")  # mode 0600
+        if self._group:
+            os.fchmod(fd, file_mode(True))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, os.path.join(self.path, key))
@@ -106,11 +184,11 @@ class DiskTier:
         now = time.time()
         if now - self._touched > min(60.0, self._ttl_s / 10):
             self._touched = now
-            with open(os.path.join(self.path, ".last_use"), "w") as f:
+            with os.fdopen(self._open(".last_use", os.O_WRONLY | os.O_TRUNC), "w") as f:
                 f.write(repr(self._ttl_s))  # its own TTL: another loader's may differ
 
     def _admit(self, nbytes: int) -> bool:
-        with open(os.path.join(self.path, ".bytes"), "a+") as f:
+        with os.fdopen(self._open(".bytes", os.O_RDWR), "r+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             f.seek(0)
             text = f.read().strip()

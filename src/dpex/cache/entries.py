@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpex.cache.reads import Reads
 from dpex.transport import map_structure
 
 
@@ -49,11 +50,22 @@ class _ReadOnlyArray:
     data: np.ndarray
 
 
+@dataclass(frozen=True)
+class Entry:
+    """What a tier keeps: the value as ``pack`` stored it, and what computing it read
+    (reads.py: a hit is valid only while those files are unchanged)."""
+
+    value: Any
+    reads: Reads
+
+
 def pack(value: Any) -> Any:
     return map_structure(_pack_leaf, value)
 
 
 def unpack(stored: Any) -> Any:
+    if isinstance(stored, Entry):
+        stored = stored.value
     return map_structure(_unpack_leaf, stored)
 
 
@@ -81,12 +93,14 @@ def freeze(stored: Any) -> Any:
             value.data.flags.writeable = False
         return value
 
-    map_structure(leaf, stored)
+    map_structure(leaf, stored.value if isinstance(stored, Entry) else stored)
     return stored
 
 
 def nbytes(stored: Any) -> int:
     """The bytes of the arrays in a packed entry (what it takes of a store), at least 1."""
+    if isinstance(stored, Entry):
+        stored = stored.value
     total = []
     map_structure(lambda leaf: total.append(
         leaf.data.nbytes if isinstance(leaf, (_StoredTensor, _ReadOnlyArray))

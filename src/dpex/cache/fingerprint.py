@@ -1,17 +1,16 @@
 """What a cache's entries depend on, as one digest: its namespace (pure, no Ray).
 
 A namespace covers:
-* the stage's code: its bytecode, constants and names, recursively through the functions
-  defined in it, its defaults and its closure (not the code of the functions it calls:
-  change those and set ``Cache(fingerprint=...)``, or rename the stage);
+* the code the stage runs: its own, and every function, class and module-level value it
+  reaches in the user's code, recursively (code_reach.py: NOTE [ dpex Cache Code Reach ]);
 * the dataset's attributes: its pickled state (the object the stage is a method of);
-* the files it names: every attribute that is, or lists, paths of existing files, by path,
-  size and modification time (a folder by its own modification time, which changes when
-  entries are added or removed, not when a file in it is rewritten);
-* the library versions: Python, torch, numpy, dpex, and Pillow, OpenCV, torchvision,
-  simplejpeg or PyTurboJPEG where installed.
+* the library versions: Python, torch, numpy, dpex, Pillow, OpenCV, torchvision,
+  simplejpeg or PyTurboJPEG where installed, and every other installed library the
+  reached code calls.
 A change in any of them is a new namespace; ``Cache(fingerprint=...)`` replaces the
-attributes and files with the user's own string. An entry's key within its namespace is
+attributes with the user's own string (the code and the versions still count). The files
+a stage reads are not in the namespace: each entry records those it read, and a hit
+checks them (reads.py: NOTE [ dpex Cache Reads ]). An entry's key within its namespace is
 the stage's arguments, with the size and modification time of any that names a file.
 """
 
@@ -22,9 +21,10 @@ import hashlib
 import os
 import pickle
 import platform
-import types
 from collections.abc import Iterator
 from typing import Any
+
+from dpex.cache.code_reach import library_versions, reach
 
 _MAX_DEPTH = 3  # how deep attributes are searched for paths (lists of lists of paths)
 # Distributions whose version counts where installed (looked up, not imported: whether a
@@ -36,14 +36,13 @@ _LIBRARIES = ("torch", "numpy", "dpex", "Pillow", "pillow-simd", "opencv-python"
 def namespace(fn: Any, owner: Any, override: str | None) -> str:
     """The digest of ``fn`` (a method of ``owner``, or a function when ``owner`` is None)."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(code_digest(fn))
+    state = _state(owner) if owner is not None else None
+    code, libraries = reach(fn, owner, state, state_counts=override is None)
+    digest.update(code)
     digest.update(versions().encode())
+    digest.update(library_versions(libraries).encode())
     if override is not None:
         digest.update(b"user:" + override.encode())
-    elif owner is not None:
-        digest.update(attributes_digest(owner))
-        for path, signature in files_of(owner):
-            digest.update(f"{path}\0{signature}\0".encode())
     return digest.hexdigest()
 
 
@@ -56,46 +55,29 @@ def entry_key(args: tuple, kwargs: dict) -> str:
     return digest.hexdigest()
 
 
-def code_digest(fn: Any, _depth: int = 0) -> bytes:
-    digest = hashlib.blake2b(digest_size=16)
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        if isinstance(fn, type) or not hasattr(fn, "__dict__") or _depth > _MAX_DEPTH:
-            # A class (``super()``'s ``__class__`` cell), a builtin: by its name.
-            digest.update(f"{getattr(fn, '__module__', '')}.{_name(fn)}".encode())
-            return digest.digest()
-        # A callable object: its class's __call__, and its state.
-        digest.update(code_digest(type(fn).__call__, _depth + 1) + _pickled(vars(fn)))
-        return digest.digest()
-    _add_code(digest, code)
-    digest.update(_pickled(getattr(fn, "__defaults__", None)))
-    digest.update(_pickled(getattr(fn, "__kwdefaults__", None)))
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        digest.update(code_digest(contents, _depth + 1) if callable(contents)
-                      else _pickled(contents))
-    return digest.digest()
+def names_a_file(args: tuple, kwargs: dict) -> bool:
+    """Whether an argument names an existing file (the entry's key then covers it)."""
+    return any(_file_signature(value) for value in (*args, *kwargs.values())
+               if isinstance(value, (str, os.PathLike)))
 
 
-def _add_code(digest: Any, code: types.CodeType) -> None:
-    digest.update(code.co_code)
-    digest.update(repr(code.co_names).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _add_code(digest, const)
-        else:
-            digest.update(repr(const).encode())
+def code_digest(fn: Any, owner: Any = None) -> bytes:
+    """The digest of the code ``fn`` (a method of ``owner``) runs, with the user's code it
+    reaches."""
+    code, libraries = reach(fn, owner)
+    return hashlib.blake2b(code + library_versions(libraries).encode(), digest_size=16).digest()
 
 
 def attributes_digest(owner: Any) -> bytes:
+    return hashlib.blake2b(_pickled(_state(owner)), digest_size=16).digest()
+
+
+def _state(owner: Any) -> Any:
+    """What the owner's attributes are, by its class's name and its pickled state."""
     state = owner.__getstate__() if hasattr(owner, "__getstate__") else vars(owner)
     if isinstance(state, dict):
         state = sorted(state.items(), key=lambda item: str(item[0]))
-    return hashlib.blake2b(_pickled((_name(type(owner)), state)), digest_size=16).digest()
+    return _name(type(owner)), state
 
 
 def _name(obj: Any) -> str:
@@ -158,25 +140,25 @@ def _file_signature(path: Any) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
-def _canonical(value: Any, depth: int = 4) -> Any:
+def canonical(value: Any, depth: int = 4) -> Any:
     """``value`` with its sets sorted: a set's order follows the process's hash seed, and
     every process of a job, and a later job, must compute the same digest."""
     if depth == 0:
         return value
     if type(value) in (set, frozenset):
         try:
-            return (type(value).__name__, sorted(_canonical(v, depth - 1) for v in value))
+            return (type(value).__name__, sorted(canonical(v, depth - 1) for v in value))
         except TypeError:  # unorderable members
             return value
     if type(value) in (list, tuple):
-        return type(value)(_canonical(v, depth - 1) for v in value)
+        return type(value)(canonical(v, depth - 1) for v in value)
     if type(value) is dict:
-        return {k: _canonical(v, depth - 1) for k, v in value.items()}
+        return {k: canonical(v, depth - 1) for k, v in value.items()}
     return value
 
 
 def _pickled(value: Any) -> bytes:
-    value = _canonical(value)
+    value = canonical(value)
     try:
         return pickle.dumps(value, protocol=4)
     except Exception:  # a lambda, a lock: pickled by value as Ray ships it

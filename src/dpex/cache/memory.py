@@ -86,9 +86,11 @@ class MemoryTier:
         self._mapped.update((key, entries.from_parts(parts)) for key, parts in zip(keys, values))
 
     def has(self, key: str) -> bool:
-        return key in self._index or any(k == key for k, _, _ in self._pending)
+        return key in self._index or any(item[0] == key for item in self._pending)
 
-    def put(self, key: str, stored: Any) -> int:
+    def put(self, key: str, stored: Any, replace: bool = False) -> int:
+        """Send ``stored`` to the node's owner; ``replace``: in place of a stale entry
+        (reads.py), which the owner otherwise keeps, as it keeps the first of two."""
         nbytes = entries.nbytes(stored)
         if self._sent_bytes + nbytes > self.limit:
             self.full = True
@@ -97,7 +99,7 @@ class MemoryTier:
         if self._owner is None:  # started now: its process takes a second or two to be up
             self._owner = owner_for(user(), self._name, self._label, self._node, self.limit,
                                     self._ttl_s)
-        self._pending.append((key, entries.to_parts(stored), nbytes))
+        self._pending.append((key, entries.to_parts(stored), nbytes, replace))
         if len(self._pending) >= _SEND_EVERY:
             self.send()
         return nbytes
@@ -135,6 +137,8 @@ class MemoryTier:
         except RayActorError:  # removed (dpex cache rm) or expired: no memory tier now
             self._index, self._mapped, self.full, self._asked = {}, {}, True, None
             return
+        for key in new.keys() & self._mapped.keys():  # replaced: read the new one
+            del self._mapped[key]
         self._index.update(new)
         self.full = self.full or full
         self._asked = None

@@ -47,14 +47,16 @@ class CacheOwner:
         self._created = self._last_use = time.time()
         threading.Thread(target=self._expire, daemon=True, name="dpex-cache-ttl").start()
 
-    def put(self, items: list[tuple[str, Any, int]]) -> None:
+    def put(self, items: list[tuple[str, Any, int, bool]]) -> None:
+        """Admit entries: each once, the first of two for one key, unless the later one
+        replaces a stale entry (a file it read changed: reads.py)."""
         import ray
 
         self._last_use = time.time()
-        for key, stored, nbytes in items:
-            if key not in self._entries and self._budget.admit(nbytes):
+        for key, stored, nbytes, replace in items:
+            if (key not in self._entries or replace) and self._budget.admit(nbytes):
                 self._entries[key] = ray.put(stored)
-                self._order.append(key)
+                self._order.append(key)  # again, if replaced: readers map the new one
 
     def updates(self, since: int) -> tuple[int, dict[str, list[Any]], bool]:
         """Entries admitted after the first ``since``: (count now, key -> [reference],

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 MIN_SAMPLES = 8
 MIN_GAIN = 1.5
 MEASURING, CACHE, RECOMPUTE = "measuring", "cache", "recompute"
+UNSEEN = "unseen-reads"  # it read what dpex cannot check (reads.py): those results not kept
 
 
 @dataclass

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from dpex.cache.policy import UNSEEN
 
 
 @dataclass(frozen=True)
@@ -14,13 +17,18 @@ class CacheStats:
     Attributes:
         stage: the stage's qualified name. namespace: its fingerprint (``dpex cache ls``).
         memory_hits, disk_hits, misses: lookups answered by each tier, and those computed.
+        stale: misses of an entry that was there, but a file it read has changed since
+            (it is computed again, and stored in its place).
+        unseen_reads: computations that read what dpex cannot check (a C library opening
+            a file itself, a handle opened earlier, a socket): their results are not kept.
         memory_admitted, disk_admitted: entries this loader's processes stored in each.
         memory_bytes, disk_bytes: their bytes.
         compute_s, compute_cpu_s: wall and CPU seconds the stage ran (the misses).
         read_s: seconds spent reading hits back (lookup, read, copy).
         decision: the processes' last word: ``measuring``, ``cache`` (reading back costs
             less than computing), ``recompute`` (it costs more: nothing more is stored),
-            or ``full`` (no tier has room left: nothing more is stored).
+            ``full`` (no tier has room left: nothing more is stored), or
+            ``unseen-reads`` (see ``unseen_reads``: docs/caching.md says what to do).
     """
 
     stage: str
@@ -28,6 +36,8 @@ class CacheStats:
     memory_hits: int = 0
     disk_hits: int = 0
     misses: int = 0
+    stale: int = 0
+    unseen_reads: int = 0
     memory_admitted: int = 0
     disk_admitted: int = 0
     memory_bytes: int = 0
@@ -63,10 +73,24 @@ class CacheCounters:
     def add(self, deltas: dict[str, dict[str, Any]]) -> None:
         for name, values in deltas.items():
             values = dict(values)
-            self._labels[name] = (values.pop("stage"), values.pop("decision"))
+            stage, decision = values.pop("stage"), values.pop("decision")
+            if decision == UNSEEN and self._labels.get(name, ("", ""))[1] != UNSEEN:
+                _warn_unseen(stage)
+            self._labels[name] = (stage, decision)
             self._counters.setdefault(name, Counter()).update(values)
 
     def snapshot(self) -> tuple[CacheStats, ...]:
         return tuple(CacheStats(stage=self._labels[name][0], namespace=name,
                                 decision=self._labels[name][1], **counters)
                      for name, counters in self._counters.items())
+
+
+def _warn_unseen(stage: str) -> None:
+    warnings.warn(
+        f"dpex.cached stage {stage} read data that dpex cannot check for changes: a file "
+        "opened by a C library (OpenCV's imread, torchvision's read_file), a handle opened "
+        "before the call, or a socket. Its results are not cached, since a changed file "
+        "would go unnoticed. Open the file in Python and decode its bytes "
+        "(cv2.imdecode, torchvision.io.decode_image), pass the path as an argument of "
+        "the stage, or vouch for the data with dpex.Cache(fingerprint=...): see "
+        "docs/caching.md, 'When an entry is invalidated'.", stacklevel=2)

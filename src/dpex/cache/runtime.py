@@ -36,14 +36,17 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from dpex.cache import disk, entries
+from dpex.cache import disk, entries, reads
 from dpex.cache.memory import MemoryTier
-from dpex.cache.fingerprint import entry_key, namespace
+from dpex.cache.fingerprint import entry_key, names_a_file, namespace
 from dpex.cache.options import Cache
-from dpex.cache.policy import CACHE, MEASURING, MIN_SAMPLES, RECOMPUTE, CostModel
+from dpex.cache.policy import CACHE, MEASURING, MIN_SAMPLES, RECOMPUTE, UNSEEN, CostModel
 from dpex.cache.rng_guard import RngSnapshot
 
 _ACTIVE: CacheRuntime | None = None
+_SETTLE_S = 1.0  # the longest a process that goes back to its pool or ends waits for its
+# disk writer: a local process that ended with entries queued lost them, and a later epoch
+# or job computed them again
 
 
 def active() -> CacheRuntime | None:
@@ -84,8 +87,6 @@ class CacheRuntime:
         self._spaces: dict[str, Space] = {}
         self._namespaces: dict[tuple[int, int], tuple[Any, str]] = {}
         self._node_id: str | None = None
-        if options.disk_bytes > 0:
-            disk.expire(options.folder())
 
     def call(self, stage: Any, owner: Any, args: tuple, kwargs: dict) -> Any:
         space = self._space(stage, owner)
@@ -94,11 +95,16 @@ class CacheRuntime:
         if not disk.is_miss(value):
             return value
         before = RngSnapshot.take()
-        started, cpu_started = time.perf_counter(), time.thread_time()
-        value = stage.fn(owner, *args, **kwargs) if owner is not None else stage.fn(*args, **kwargs)
-        wall, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
+        with reads.record() as recorded:
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            value = (stage.fn(owner, *args, **kwargs) if owner is not None
+                     else stage.fn(*args, **kwargs))
+            wall, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
         before.check(stage.label())
-        space.computed(key, value, wall, cpu)
+        (read,) = recorded
+        if read.unseen and (self.options.fingerprint is not None or names_a_file(args, kwargs)):
+            read = reads.Reads(read.files)  # vouched for, or the key covers the file
+        space.computed(key, value, wall, cpu, read)
         return value
 
     def take_counters(self) -> dict[str, dict[str, Any]] | None:
@@ -112,12 +118,15 @@ class CacheRuntime:
         return out or None
 
     def flush(self) -> None:
-        """Send the entries still pending, and let go of those read in place (the process
-        goes back to its pool, or the cache settings changed)."""
+        """Send the entries still pending, write those the disk writer holds (its queue
+        is short; bounded), and let go of those read in place (the process goes back to
+        its pool or ends, or the cache settings changed)."""
         for space in self._spaces.values():
             if space.memory is not None:
                 space.memory.send()
                 space.memory.unmap()
+            if space.disk is not None:
+                space.disk.settle(timeout_s=_SETTLE_S)
 
     def _space(self, stage: Any, owner: Any) -> Space:
         memo_key = (id(stage), id(owner))
@@ -148,13 +157,17 @@ class Space:
         self.label = label
         self.counters: Counter = Counter()
         self.hits = 0
+        self.unseen = False  # the last computation read what reads.py cannot see
+        self._stale: set[str] = set()  # keys whose entry a changed file made stale
         self.cost = CostModel()
         self.memory = (MemoryTier(runtime.node_id(), name, label, options)
                        if runtime.use_ray and options.memory_share > 0 else None)
-        self.disk = (disk.DiskTier(options.folder(), name, options.disk_bytes, options.ttl_s,
-                                   label) if options.disk_bytes > 0 else None)
+        # The folder is checked, and expired, as a process opens its first tier in it.
+        self.disk = disk.open_tier(options, name, label) if options.disk_bytes > 0 else None
 
     def decision(self) -> str:
+        if self.unseen:
+            return UNSEEN
         decided = self.cost.decision()
         if decided == MEASURING and self.hits:  # its entries were there already
             decided = CACHE
@@ -172,14 +185,19 @@ class Space:
             if tier is None:
                 continue
             stored = tier.get(key)
-            if not disk.is_miss(stored):
-                value = entries.unpack(stored)
-                self.counters[counter] += 1
-                self.counters["read_s"] += time.perf_counter() - started
-                self.hits += 1
-                if tier is self.disk:
-                    self._promote(key, stored)
-                return value
+            if disk.is_miss(stored):
+                continue
+            if not (isinstance(stored, entries.Entry) and stored.reads.current()):
+                self.counters["stale"] += 1  # a file it read changed: computed again
+                self._stale.add(key)
+                continue
+            value = entries.unpack(stored)
+            self.counters[counter] += 1
+            self.counters["read_s"] += time.perf_counter() - started
+            self.hits += 1
+            if tier is self.disk:
+                self._promote(key, stored)
+            return value
         self.counters["misses"] += 1
         return disk.MISS
 
@@ -187,24 +205,33 @@ class Space:
         """A disk entry read where the object store has room (written by a process
         without one, or an earlier job): the next read is from memory."""
         memory = self.memory
-        if memory is not None and not memory.full and not memory.has(key):
-            admitted = memory.put(key, stored)
+        stale = key in self._stale
+        if memory is not None and not memory.full and (stale or not memory.has(key)):
+            self._stale.discard(key)
+            admitted = memory.put(key, stored, replace=stale)
             if admitted:
                 self.counters["memory_admitted"] += 1
                 self.counters["memory_bytes"] += admitted
 
-    def computed(self, key: str, value: Any, wall_s: float, cpu_s: float) -> None:
+    def computed(self, key: str, value: Any, wall_s: float, cpu_s: float,
+                 read: reads.Reads) -> None:
         self.cost.add_compute(wall_s)
         self.counters["compute_s"] += wall_s
         self.counters["compute_cpu_s"] += cpu_s
+        self.unseen = read.unseen  # once, in a process's first call, it is a library's setup
+        if read.unseen:
+            self.counters["unseen_reads"] += 1
+            return
         if self.cost.decision() == RECOMPUTE:
             return
         probing = len(self.cost.read_s) < MIN_SAMPLES
+        replace = key in self._stale
+        self._stale.discard(key)
         for tier, counter in ((self.memory, "memory"), (self.disk, "disk")):
             if tier is None or tier.full:
                 continue
-            stored = entries.pack(value)
-            admitted = tier.put(key, stored)
+            stored = entries.Entry(entries.pack(value), read)
+            admitted = tier.put(key, stored, replace) if tier is self.memory else tier.put(key, stored)
             if admitted:
                 self.counters[f"{counter}_admitted"] += 1
                 self.counters[f"{counter}_bytes"] += admitted
@@ -224,4 +251,4 @@ def _deref(ref: Any) -> Any:
     return ref() if isinstance(ref, weakref.ref) else ref
 
 
-__all__ = ["CACHE", "MEASURING", "RECOMPUTE", "activate", "active", "flush", "take_counters"]
+__all__ = ["CACHE", "MEASURING", "RECOMPUTE", "UNSEEN", "activate", "active", "flush", "take_counters"]

@@ -3,7 +3,7 @@
 A batch of dpex is a pure function of the loader's configuration, its worker's RNG state
 and the index batches that worker ran before it. Two loaders share a batch when:
 * their *components* are equal: the dataset (its type, attributes, the files it names,
-  its ``__getitem__``'s code, the library versions), the logical worker count, how batches
+  the code its ``__getitem__`` reaches, the library versions), the logical worker count, how batches
   are made (``batch_size``, ``drop_last``, the code of ``collate_fn`` and
   ``worker_init_fn``) and the process group's rank and world size. The seed is one too,
   for the warning only: it is the base seed that counts;
@@ -48,7 +48,7 @@ def components(dataset: Any, num_workers: int, batch_size: Any, drop_last: bool,
         dataset_digest.update(f"{path}\0{signature}\0".encode())
     getitem = getattr(type(dataset), "__getitem__", None)
     if getitem is not None:
-        dataset_digest.update(fingerprint.code_digest(getitem))
+        dataset_digest.update(fingerprint.code_digest(getitem, dataset))
     dataset_digest.update(fingerprint.versions().encode())
     seed = generator.initial_seed() if generator is not None else torch.initial_seed()
     return {

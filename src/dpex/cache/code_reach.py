@@ -1,0 +1,383 @@
+"""The code a cached stage runs: its own, and all it reaches in the user's code (pure).
+
+NOTE [ dpex Cache Code Reach ]
+
+A namespace must change when any code the stage runs changes. ``reach`` follows what the
+stage can call, from its function, as cloudpickle follows a function it pickles by value:
+* a function: its bytecode, constants and names, its nested functions, defaults and
+  closure, and the globals its code names (``helpers``, ``finish`` in ``helpers.finish``),
+  each followed in turn: a function, a class, a module, a value (pickled);
+* a class: its bases, and its attributes that the reached code names (``self._load``
+  reaches ``_load``), with every dunder method, which Python calls without naming it
+  (``__init__``, ``__call__``, ``__getitem__``...). The stage's own dataset class gives only
+  the attributes named: its ``__getitem__``, the random part, is not the stage's code;
+* a module: its attributes that the reached code names. A module the stage imports
+  inside itself is imported here, as its first call would;
+* an object in a value, a default or the dataset's state: its class, as above.
+Names are matched without types, so the reach is a superset of what runs: an edit it
+takes in by a shared name costs a cold cache, never a stale bit.
+
+What is followed is the user's code: code whose file lies outside the interpreter's
+standard library and its installed packages (an editable install of the user's own
+project is followed; dpex itself is not). A library counts by its version
+(``library_versions``), as Python's version counts for the standard library.
+
+Code reached by name at run time (``getattr(obj, name)``, ``eval``, ``globals()``,
+``vars``, ``importlib.import_module``) cannot be followed by name. Where reached code
+names such a function, every attribute of every class and module reached counts, which
+takes in all the code that dynamic lookup could find there (a registry, a dispatch on a
+string). A lookup beyond them (a module not otherwise reached) is not seen: name its
+module in the stage, or set ``Cache(fingerprint=...)`` per version of it.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import hashlib
+import importlib
+import importlib.util
+import os
+import pickle
+import site
+import sys
+import sysconfig
+import types
+from typing import Any
+
+_DYNAMIC = frozenset({"getattr", "eval", "exec", "compile", "globals", "locals", "vars",
+                      "__import__", "import_module", "attrgetter", "methodcaller",
+                      "__dict__", "__getattribute__"})
+# Attributes that are not code, or that Python sets as it goes (copyreg's __slotnames__ on
+# a class's first pickling, 3.13's __firstlineno__, which an edit above the class moves).
+_NOT_CODE = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__",
+                       "__slotnames__", "__firstlineno__", "__static_attributes__",
+                       "__builtins__", "__loader__", "__spec__", "__file__", "__cached__",
+                       "__package__", "__name__", "__path__"})
+_DPEX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def reach(fn: Any, owner: Any = None, state: Any = None, state_counts: bool = True
+          ) -> tuple[bytes, frozenset[str]]:
+    """(digest of the user code ``fn`` reaches, top-level names of the libraries it
+    reaches). ``owner``: the object ``fn`` is a method of; ``state``: a value whose
+    functions and classes are followed too (the dataset's attributes), and whose pickled
+    bytes count only where ``state_counts``."""
+    owners = tuple(c for c in type(owner).__mro__ if is_user_class(c)) if owner is not None else ()
+    walk = _Reach(owners)
+    walk.function(fn)
+    if owner is not None:
+        walk.klass(type(owner))
+    if state is not None:
+        walk.value(state, counts=state_counts)
+    walk.resolve()
+    return walk.digest.digest(), frozenset(walk.libraries)
+
+
+def is_user_file(filename: str) -> bool:
+    if filename.startswith("<"):  # <frozen os>: the standard library; <string>, <stdin>...
+        return not filename.startswith("<frozen")
+    real = _real(filename)
+    return not real.startswith(_library_folders())
+
+
+def is_user_class(cls: type) -> bool:
+    for value in vars(cls).values():
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        if code is not None and not code.co_filename.startswith("<"):  # not generated
+            return is_user_file(code.co_filename)
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__ == "__main__" or module is None:  # shipped by value
+        return True
+    return _is_user_module(module)
+
+
+def library_versions(tops: frozenset[str]) -> str:
+    """``name=version`` of the installed distributions that provide these top-level
+    modules (those not installed, the standard library: none)."""
+    return ",".join(sorted(filter(None, (_library_version(top) for top in tops))))
+
+
+@functools.lru_cache(maxsize=256)
+def _library_version(top: str) -> str:
+    from importlib import metadata
+
+    try:  # most distributions are named as their module (numpy, torch): no scan of all
+        return f"{top}={metadata.version(top)}"
+    except metadata.PackageNotFoundError:
+        pass
+    found = []
+    for dist in _distributions().get(top, ()):  # cv2: opencv-python; PIL: Pillow
+        try:
+            found.append(f"{dist}={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ",".join(sorted(found))
+
+
+class _Reach:
+    def __init__(self, owner_classes: tuple[type, ...]) -> None:
+        self.digest = hashlib.blake2b(digest_size=16)
+        self.libraries: set[str] = set()
+        self.names: set[str] = set()
+        self.dynamic = False
+        self._owner_classes = owner_classes
+        self._seen: set[int] = set()
+        self._alive: list[Any] = []  # what was seen, so that no id is reused meanwhile
+        self._containers: list[Any] = []  # user classes and modules reached, in order
+        self._resolved: set[tuple[int, str]] = set()
+
+    def _first(self, obj: Any) -> bool:
+        if id(obj) in self._seen:
+            return False
+        self._seen.add(id(obj))
+        self._alive.append(obj)
+        return True
+
+    def function(self, fn: Any) -> None:
+        from dpex.cache.stage import cached
+
+        if isinstance(fn, cached):
+            fn = fn.fn
+        if isinstance(fn, (staticmethod, classmethod, types.MethodType)):
+            fn = fn.__func__
+        if isinstance(fn, functools.partial):
+            self.function(fn.func)
+            self.value((fn.args, fn.keywords))
+            return
+        if isinstance(fn, property):
+            for accessor in (fn.fget, fn.fset, fn.fdel):
+                if accessor is not None:
+                    self.function(accessor)
+            return
+        if not isinstance(fn, types.FunctionType):
+            self.value(fn)
+            return
+        if not self._first(fn):
+            return
+        if not is_user_file(fn.__code__.co_filename):
+            self._library(fn.__module__)
+            return
+        names, imports = self._code(fn.__code__)
+        self.names |= names
+        self.dynamic = self.dynamic or bool(names & _DYNAMIC)
+        self.value((fn.__defaults__, fn.__kwdefaults__))
+        for cell in fn.__closure__ or ():
+            try:
+                self.value(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        module_globals = fn.__globals__
+        for name in sorted(names):
+            if name in module_globals:
+                self.digest.update(f"global {name}\0".encode())
+                self.value(module_globals[name])
+        for name, level in imports:
+            self._imported(name, level, module_globals)
+
+    def _code(self, code: types.CodeType) -> tuple[set[str], list[tuple[str, int]]]:
+        """Hash ``code`` and its nested code; the names and imports they use."""
+        names, imports = set(code.co_names), []
+        self.digest.update(code.co_code)
+        self.digest.update(repr(code.co_names).encode())
+        consts = []
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                nested_names, nested_imports = self._code(const)
+                names |= nested_names
+                imports += nested_imports
+            else:
+                consts.append(const)
+        self.digest.update(_const_repr(tuple(consts)).encode())
+        if "IMPORT_NAME" in _opnames(code):
+            imports += _imports(code)
+        return names, imports
+
+    def value(self, value: Any, counts: bool = True) -> None:
+        if not counts:  # followed, not hashed
+            _ReachingPickler.digest(value, self)
+        elif value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+            self.digest.update(repr(value).encode())
+        elif isinstance(value, (types.FunctionType, types.MethodType, functools.partial,
+                                staticmethod, classmethod, property)) or _is_cached(value):
+            self.function(value)
+        elif isinstance(value, type):
+            self.klass(value)
+        elif isinstance(value, types.ModuleType):
+            self.module(value)
+        elif isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+            self._library(getattr(value, "__module__", None) or "builtins")
+            self.digest.update(repr(getattr(value, "__qualname__", "")).encode())
+        else:
+            self.digest.update(_ReachingPickler.digest(value, self))
+
+    def klass(self, cls: type) -> None:
+        if not self._first(cls):
+            return
+        if not is_user_class(cls):
+            self._library(cls.__module__)
+            self.digest.update(f"class {cls.__module__}.{cls.__name__}\0".encode())
+            return
+        self.digest.update(f"class {cls.__name__}\0".encode())  # __name__: NOTE in fingerprint
+        for base in cls.__mro__[1:]:
+            self.klass(base)
+        self._containers.append(cls)
+        if cls not in self._owner_classes:
+            for name in sorted(vars(cls)):
+                if name.startswith("__") and name.endswith("__"):
+                    self._attribute(cls, name)
+
+    def module(self, module: types.ModuleType) -> None:
+        if not self._first(module):
+            return
+        if _is_user_module(module):
+            self._containers.append(module)
+        else:
+            self._library(module.__name__)
+
+    def resolve(self) -> None:
+        """Follow the attributes of the reached classes and modules that the reached code
+        names (all of them where it looks names up at run time), until nothing new."""
+        while True:
+            before = (len(self._resolved), len(self._containers))
+            for container in list(self._containers):
+                attributes = vars(container)
+                wanted = attributes.keys() if self.dynamic else self.names & attributes.keys()
+                for name in sorted(wanted):
+                    self._attribute(container, name)
+            if (len(self._resolved), len(self._containers)) == before:
+                return
+
+    def _attribute(self, container: Any, name: str) -> None:
+        if (id(container), name) in self._resolved:
+            return
+        self._resolved.add((id(container), name))
+        if name in _NOT_CODE:
+            return
+        self.digest.update(f"attr {name}\0".encode())
+        self.value(vars(container)[name])
+
+    def _imported(self, name: str, level: int, module_globals: dict) -> None:
+        """A module the code imports itself: imported now, as its first call would."""
+        try:
+            if level:
+                name = importlib.util.resolve_name("." * level + name,
+                                                   module_globals.get("__package__"))
+            self.module(importlib.import_module(name))
+        except Exception:  # it fails in the stage too; nothing here to follow
+            self.digest.update(f"unimportable {name}\0".encode())
+
+    def _library(self, module_name: str | None) -> None:
+        top = (module_name or "").split(".")[0]
+        if top and top not in sys.stdlib_module_names and top not in ("builtins", "__main__"):
+            self.libraries.add(top)
+
+
+class _ReachingPickler(pickle.Pickler):
+    """Pickles a value for its digest, and follows the functions, classes and modules in
+    it (a class by the class, never by an import: it may be one shipped by value)."""
+
+    def __init__(self, file: Any, walk: _Reach) -> None:
+        super().__init__(file, protocol=4)
+        self._walk = walk
+
+    @classmethod
+    def digest(cls, value: Any, walk: _Reach) -> bytes:
+        from dpex.cache.fingerprint import canonical
+
+        sink = _HashSink()
+        try:
+            cls(sink, walk).dump(canonical(value))
+        except Exception:  # a lock, a socket: by its type
+            walk.klass(type(value))
+            return f"unpicklable {type(value).__name__}".encode()
+        return sink.hash.digest()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type):
+            self._walk.klass(obj)
+            return _token, (f"class {obj.__name__}",)
+        if isinstance(obj, (types.FunctionType, types.ModuleType)) or _is_cached(obj):
+            self._walk.value(obj)
+            return _token, (f"{type(obj).__name__} {getattr(obj, '__name__', '')}",)
+        if not isinstance(obj, (types.BuiltinFunctionType, types.MethodType)):
+            cls = type(obj)
+            if cls.__module__ != "builtins":
+                self._walk.klass(cls)
+        return NotImplemented
+
+
+class _HashSink:
+    def __init__(self) -> None:
+        self.hash = hashlib.blake2b(digest_size=16)
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        return len(data)
+
+
+def _const_repr(const: Any) -> str:
+    """A constant's repr, a frozenset's members sorted (``x in {"a", "b"}`` compiles to one,
+    and its order follows the process's hash seed)."""
+    if isinstance(const, frozenset):
+        return "frozenset(" + repr(sorted(_const_repr(c) for c in const)) + ")"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(_const_repr(c) for c in const) + ")"
+    return repr(const)
+
+
+def _token(text: str) -> str:
+    return text
+
+
+def _is_cached(value: Any) -> bool:
+    from dpex.cache.stage import cached
+
+    return isinstance(value, cached)
+
+
+def _is_user_module(module: types.ModuleType) -> bool:
+    filename = getattr(module, "__file__", None)
+    if not filename:  # builtin, namespace package
+        return False
+    return is_user_file(filename) and not module.__name__.startswith("dpex")
+
+
+@functools.lru_cache(maxsize=4096)
+def _real(filename: str) -> str:
+    return os.path.realpath(filename)
+
+
+@functools.lru_cache(maxsize=1)
+def _library_folders() -> tuple[str, ...]:
+    folders = {sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib",
+                                                            "platlib")}
+    folders |= set(getattr(site, "getsitepackages", list)())
+    folders.add(site.getusersitepackages())
+    folders.add(os.path.dirname(os.__file__))
+    return tuple(sorted({_real(f).rstrip(os.sep) + os.sep for f in folders if f} | {_DPEX}))
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    return metadata.packages_distributions()
+
+
+@functools.lru_cache(maxsize=1024)
+def _opnames(code: types.CodeType) -> frozenset[str]:
+    return frozenset(instruction.opname for instruction in dis.get_instructions(code))
+
+
+def _imports(code: types.CodeType) -> list[tuple[str, int]]:
+    """(module, level) of each ``import`` in ``code`` itself (not its nested code)."""
+    found, consts = [], []
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == "LOAD_CONST":
+            consts.append(instruction.argval)
+        elif instruction.opname == "IMPORT_NAME":
+            level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
+            found.append((instruction.argval, level))
+    return found
+
