@@ -137,7 +137,7 @@ def test_an_edit_of_the_users_code_changes_the_namespace_of_the_stages_that_reac
 
 
 def test_a_library_counts_by_its_version_and_the_standard_library_by_pythons():
-    from dpex.cache import code_reach
+    from dpex.cache import code_origin, code_reach
 
     def stage(x):
         import json
@@ -146,10 +146,10 @@ def test_a_library_counts_by_its_version_and_the_standard_library_by_pythons():
 
     digest, libraries = code_reach.reach(stage)
     assert libraries == {"numpy"}
-    assert code_reach.library_versions(libraries) == f"numpy={np.__version__}"
-    assert not code_reach.is_user_file(np.__file__) and not code_reach.is_user_file(os.__file__)
-    assert not code_reach.is_user_file(dpex.__file__)
-    assert code_reach.is_user_file(__file__)
+    assert code_origin.library_versions(libraries) == f"numpy={np.__version__}"
+    assert not code_origin.is_user_file(np.__file__) and not code_origin.is_user_file(os.__file__)
+    assert not code_origin.is_user_file(dpex.__file__)
+    assert code_origin.is_user_file(__file__)
 
 
 def test_reads_records_what_python_opens_and_lists_and_not_what_it_writes(tmp_path):

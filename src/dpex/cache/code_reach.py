@@ -17,10 +17,10 @@ stage can call, from its function, as cloudpickle follows a function it pickles 
 Names are matched without types, so the reach is a superset of what runs: an edit it
 takes in by a shared name costs a cold cache, never a stale bit.
 
-What is followed is the user's code: code whose file lies outside the interpreter's
-standard library and its installed packages (an editable install of the user's own
-project is followed; dpex itself is not). A library counts by its version
-(``library_versions``), as Python's version counts for the standard library.
+What is followed is the user's code (code_origin.py): code whose file lies outside the
+interpreter's standard library and its installed packages (an editable install of the
+user's own project is followed; dpex itself is not). A library counts by its version
+(``code_origin.library_versions``), as Python's version counts for the standard library.
 
 Code reached by name at run time (``getattr(obj, name)``, ``eval``, ``globals()``,
 ``vars``, ``importlib.import_module``) cannot be followed by name. Where reached code
@@ -37,13 +37,12 @@ import functools
 import hashlib
 import importlib
 import importlib.util
-import os
 import pickle
-import site
 import sys
-import sysconfig
 import types
 from typing import Any
+
+from dpex.cache.code_origin import is_user_class, is_user_file, is_user_module
 
 _DYNAMIC = frozenset({"getattr", "eval", "exec", "compile", "globals", "locals", "vars",
                       "__import__", "import_module", "attrgetter", "methodcaller",
@@ -54,7 +53,6 @@ _NOT_CODE = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", 
                        "__slotnames__", "__firstlineno__", "__static_attributes__",
                        "__builtins__", "__loader__", "__spec__", "__file__", "__cached__",
                        "__package__", "__name__", "__path__"})
-_DPEX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def reach(fn: Any, owner: Any = None, state: Any = None, state_counts: bool = True
@@ -74,45 +72,32 @@ def reach(fn: Any, owner: Any = None, state: Any = None, state_counts: bool = Tr
     return walk.digest.digest(), frozenset(walk.libraries)
 
 
-def is_user_file(filename: str) -> bool:
-    if filename.startswith("<"):  # <frozen os>: the standard library; <string>, <stdin>...
-        return not filename.startswith("<frozen")
-    real = _real(filename)
-    return not real.startswith(_library_folders())
+_CANONICAL_BUDGET = 10_000  # members visited at most: a list of a million paths is not walked
 
 
-def is_user_class(cls: type) -> bool:
-    for value in vars(cls).values():
-        code = getattr(getattr(value, "__func__", value), "__code__", None)
-        if code is not None and not code.co_filename.startswith("<"):  # not generated
-            return is_user_file(code.co_filename)
-    module = sys.modules.get(cls.__module__)
-    if cls.__module__ == "__main__" or module is None:  # shipped by value
-        return True
-    return _is_user_module(module)
-
-
-def library_versions(tops: frozenset[str]) -> str:
-    """``name=version`` of the installed distributions that provide these top-level
-    modules (those not installed, the standard library: none)."""
-    return ",".join(sorted(filter(None, (_library_version(top) for top in tops))))
-
-
-@functools.lru_cache(maxsize=256)
-def _library_version(top: str) -> str:
-    from importlib import metadata
-
-    try:  # most distributions are named as their module (numpy, torch): no scan of all
-        return f"{top}={metadata.version(top)}"
-    except metadata.PackageNotFoundError:
-        pass
-    found = []
-    for dist in _distributions().get(top, ()):  # cv2: opencv-python; PIL: Pillow
+def canonical(value: Any, depth: int = 4, budget: list[int] | None = None) -> Any:
+    """``value`` with its sets sorted: a set's order follows the process's hash seed, and
+    every process of a job, and a later job, must compute the same digest. It visits the
+    first ``_CANONICAL_BUDGET`` members, in order (the same ones in every process): a set
+    past them, in a long list, keeps its order, which costs misses, never a stale bit."""
+    budget = [_CANONICAL_BUDGET] if budget is None else budget
+    if depth == 0 or budget[0] <= 0:
+        return value
+    kind = type(value)
+    if kind in (set, frozenset, list, tuple, dict):
+        budget[0] -= len(value)
+        if budget[0] < 0:
+            return value
+    if kind in (set, frozenset):
         try:
-            found.append(f"{dist}={metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return ",".join(sorted(found))
+            return (kind.__name__, sorted(canonical(v, depth - 1, budget) for v in value))
+        except TypeError:  # unorderable members
+            return value
+    if kind in (list, tuple):
+        return kind(canonical(v, depth - 1, budget) for v in value)
+    if kind is dict:
+        return {k: canonical(v, depth - 1, budget) for k, v in value.items()}
+    return value
 
 
 class _Reach:
@@ -135,9 +120,7 @@ class _Reach:
         return True
 
     def function(self, fn: Any) -> None:
-        from dpex.cache.stage import cached
-
-        if isinstance(fn, cached):
+        if _is_cached(fn):
             fn = fn.fn
         if isinstance(fn, (staticmethod, classmethod, types.MethodType)):
             fn = fn.__func__
@@ -158,7 +141,7 @@ class _Reach:
         if not is_user_file(fn.__code__.co_filename):
             self._library(fn.__module__)
             return
-        names, imports = self._code(fn.__code__)
+        names, global_names, imports = self._code(fn.__code__)
         self.names |= names
         self.dynamic = self.dynamic or bool(names & _DYNAMIC)
         self.value((fn.__defaults__, fn.__kwdefaults__))
@@ -168,30 +151,32 @@ class _Reach:
             except ValueError:  # an empty cell
                 continue
         module_globals = fn.__globals__
-        for name in sorted(names):
+        for name in sorted(global_names):  # not an attribute's name: self.samples is no global
             if name in module_globals:
                 self.digest.update(f"global {name}\0".encode())
                 self.value(module_globals[name])
         for name, level in imports:
             self._imported(name, level, module_globals)
 
-    def _code(self, code: types.CodeType) -> tuple[set[str], list[tuple[str, int]]]:
-        """Hash ``code`` and its nested code; the names and imports they use."""
-        names, imports = set(code.co_names), []
+    def _code(self, code: types.CodeType) -> tuple[set[str], set[str], list[tuple[str, int]]]:
+        """Hash ``code`` and its nested code; the names they use, those of them they load
+        as globals, and the modules they import."""
+        names = set(code.co_names)
+        global_names, imports = _scan(code)
+        global_names, imports = set(global_names), list(imports)
         self.digest.update(code.co_code)
         self.digest.update(repr(code.co_names).encode())
         consts = []
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
-                nested_names, nested_imports = self._code(const)
-                names |= nested_names
-                imports += nested_imports
+                nested = self._code(const)
+                names |= nested[0]
+                global_names |= nested[1]
+                imports += nested[2]
             else:
                 consts.append(const)
         self.digest.update(_const_repr(tuple(consts)).encode())
-        if "IMPORT_NAME" in _opnames(code):
-            imports += _imports(code)
-        return names, imports
+        return names, global_names, imports
 
     def value(self, value: Any, counts: bool = True) -> None:
         if not counts:  # followed, not hashed
@@ -230,7 +215,7 @@ class _Reach:
     def module(self, module: types.ModuleType) -> None:
         if not self._first(module):
             return
-        if _is_user_module(module):
+        if is_user_module(module):
             self._containers.append(module)
         else:
             self._library(module.__name__)
@@ -283,8 +268,6 @@ class _ReachingPickler(pickle.Pickler):
 
     @classmethod
     def digest(cls, value: Any, walk: _Reach) -> bytes:
-        from dpex.cache.fingerprint import canonical
-
         sink = _HashSink()
         try:
             cls(sink, walk).dump(canonical(value))
@@ -331,53 +314,27 @@ def _token(text: str) -> str:
 
 
 def _is_cached(value: Any) -> bool:
-    from dpex.cache.stage import cached
+    """A ``dpex.cached`` stage (by its class's module: stage.py reaches the runtime, which
+    reaches this module)."""
+    return type(value).__module__ == "dpex.cache.stage" and hasattr(value, "fn")
 
-    return isinstance(value, cached)
 
-
-def _is_user_module(module: types.ModuleType) -> bool:
-    filename = getattr(module, "__file__", None)
-    if not filename:  # builtin, namespace package
-        return False
-    return is_user_file(filename) and not module.__name__.startswith("dpex")
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL",
+                         "LOAD_FROM_DICT_OR_GLOBALS"})
 
 
 @functools.lru_cache(maxsize=4096)
-def _real(filename: str) -> str:
-    return os.path.realpath(filename)
-
-
-@functools.lru_cache(maxsize=1)
-def _library_folders() -> tuple[str, ...]:
-    folders = {sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib",
-                                                            "platlib")}
-    folders |= set(getattr(site, "getsitepackages", list)())
-    folders.add(site.getusersitepackages())
-    folders.add(os.path.dirname(os.__file__))
-    return tuple(sorted({_real(f).rstrip(os.sep) + os.sep for f in folders if f} | {_DPEX}))
-
-
-@functools.lru_cache(maxsize=1)
-def _distributions() -> dict[str, list[str]]:
-    from importlib import metadata
-
-    return metadata.packages_distributions()
-
-
-@functools.lru_cache(maxsize=1024)
-def _opnames(code: types.CodeType) -> frozenset[str]:
-    return frozenset(instruction.opname for instruction in dis.get_instructions(code))
-
-
-def _imports(code: types.CodeType) -> list[tuple[str, int]]:
-    """(module, level) of each ``import`` in ``code`` itself (not its nested code)."""
-    found, consts = [], []
+def _scan(code: types.CodeType) -> tuple[frozenset[str], tuple[tuple[str, int], ...]]:
+    """The names ``code`` itself (not its nested code) loads as globals, and (module,
+    level) of each ``import`` in it."""
+    global_names, imports, consts = set(), [], []
     for instruction in dis.get_instructions(code):
-        if instruction.opname == "LOAD_CONST":
+        if instruction.opname in _GLOBAL_OPS:
+            global_names.add(instruction.argval)
+        elif instruction.opname == "LOAD_CONST":
             consts.append(instruction.argval)
         elif instruction.opname == "IMPORT_NAME":
             level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
-            found.append((instruction.argval, level))
-    return found
+            imports.append((instruction.argval, level))
+    return frozenset(global_names), tuple(imports)
 

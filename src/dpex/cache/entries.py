@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpex.cache.reads import Reads
+from dpex.cache.reads import Signature
 from dpex.transport import map_structure
 
 
@@ -52,11 +52,11 @@ class _ReadOnlyArray:
 
 @dataclass(frozen=True)
 class Entry:
-    """What a tier keeps: the value as ``pack`` stored it, and what computing it read
-    (reads.py: a hit is valid only while those files are unchanged)."""
+    """What a tier keeps: the value as ``pack`` stored it, and the files computing it
+    read (``Reads.files``: a hit is valid only while they are unchanged, reads.py)."""
 
     value: Any
-    reads: Reads
+    files: tuple[tuple[str, Signature], ...]
 
 
 def pack(value: Any) -> Any:

@@ -24,7 +24,8 @@ import platform
 from collections.abc import Iterator
 from typing import Any
 
-from dpex.cache.code_reach import library_versions, reach
+from dpex.cache.code_origin import library_versions
+from dpex.cache.code_reach import canonical, reach
 
 _MAX_DEPTH = 3  # how deep attributes are searched for paths (lists of lists of paths)
 # Distributions whose version counts where installed (looked up, not imported: whether a
@@ -138,23 +139,6 @@ def _file_signature(path: Any) -> str:
     if os.path.isdir(path):
         return f"dir:{st.st_mtime_ns}"
     return f"{st.st_size}:{st.st_mtime_ns}"
-
-
-def canonical(value: Any, depth: int = 4) -> Any:
-    """``value`` with its sets sorted: a set's order follows the process's hash seed, and
-    every process of a job, and a later job, must compute the same digest."""
-    if depth == 0:
-        return value
-    if type(value) in (set, frozenset):
-        try:
-            return (type(value).__name__, sorted(canonical(v, depth - 1) for v in value))
-        except TypeError:  # unorderable members
-            return value
-    if type(value) in (list, tuple):
-        return type(value)(canonical(v, depth - 1) for v in value)
-    if type(value) is dict:
-        return {k: canonical(v, depth - 1) for k, v in value.items()}
-    return value
 
 
 def _pickled(value: Any) -> bytes:
