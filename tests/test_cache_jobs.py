@@ -39,11 +39,22 @@ import dpex
 import helpers
 
 
+class RunLog:
+    """Where the stage notes its runs, a file per process (the test counts them)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def note(self, i):
+        with open(os.path.join(self.folder, f"runs-{os.getpid()}"), "a") as log:
+            log.write(f"{i}\\n")
+
+
 class Photos(torch.utils.data.Dataset):
     """A folder and file names, as ImageFolder holds them."""
 
     def __init__(self, root, runs):
-        self.root, self.runs = root, runs
+        self.root, self.runs = root, RunLog(runs)
         self.names = sorted(os.listdir(root))
 
     def __len__(self):
@@ -51,8 +62,7 @@ class Photos(torch.utils.data.Dataset):
 
     @dpex.cached
     def decode(self, i):
-        with open(os.path.join(self.runs, f"runs-{os.getpid()}"), "a") as log:
-            log.write(f"{i}\\n")
+        self.runs.note(i)
         with open(os.path.join(self.root, self.names[i]), "rb") as f:
             return helpers.finish(f.read())
 
@@ -87,9 +97,10 @@ if __name__ == "__main__":
     equal = [all(torch.equal(a, b) for a, b in zip(e, g, strict=True))
              for e, g in zip(expected, got, strict=True)]
     after = sum(1 for name in os.listdir(sys.argv[2]) for _ in open(os.path.join(sys.argv[2], name)))
-    (stage,) = loader.stats().cache
-    print(json.dumps({"equal": equal, "computed": after - before,
-                      "stale": stage.stale, "hits": stage.hits}))
+    stages = loader.stats().cache
+    print(json.dumps({"equal": equal, "computed": after - before, "namespaces": len(stages),
+                      "stale": sum(getattr(stage, "stale", 0) for stage in stages),
+                      "hits": sum(stage.hits for stage in stages)}))
 '''
 
 

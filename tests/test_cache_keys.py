@@ -318,3 +318,36 @@ def test_what_a_stage_reads_unseen_is_not_kept_unless_vouched_for(tmp_path, loca
     _epoch(dataset, 4)
     _epoch(dataset, 4)
     assert dataset.runs == 12
+
+
+def test_the_wrappers_are_in_place_only_while_a_stage_computes_and_see_only_its_thread(tmp_path):
+    import builtins
+    import threading
+
+    originals = (builtins.open, os.open, os.listdir, os.scandir)
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"x")
+    other = tmp_path / "b.bin"
+    other.write_bytes(b"y")
+    started, done = threading.Event(), threading.Event()
+
+    def another_thread():  # a thread that reads while the stage computes: not its read
+        started.wait()
+        with open(other, "rb") as f:
+            f.read()
+        done.set()
+
+    thread = threading.Thread(target=another_thread)
+    thread.start()
+    with reads.record() as out:
+        assert builtins.open is not originals[0]
+        started.set()
+        done.wait(10)
+        with open(path, "rb") as f:
+            f.read()
+    thread.join()
+    assert (builtins.open, os.open, os.listdir, os.scandir) == originals
+    import io
+
+    assert io.open is builtins.open
+    assert [p for p, _ in out[0].files] == [str(path)]
