@@ -268,3 +268,48 @@ def test_a_job_with_another_users_folder_fails_at_once(tmp_path):
     assert "CacheFolderError" in job.stderr and theirs in job.stderr, job.stderr
     assert f"owned by uid {OTHER}" in job.stderr
     assert "constructed" not in job.stdout and os.listdir(theirs) == []
+
+
+DEFAULT_JOB = """
+import sys
+sys.path.insert(0, {tests!r})
+import torch
+import dpex
+from cache_datasets import Decoded
+
+torch.manual_seed(0)
+expected = list(torch.utils.data.DataLoader(Decoded(16), batch_size=4, shuffle=True,
+                                            num_workers=2))
+torch.manual_seed(0)
+loader = dpex.DataLoader(Decoded(16), batch_size=4, shuffle=True, num_workers=2,
+                         distribute_mode=True)  # the default cache, in the default folder
+got = list(loader)
+assert all(torch.equal(a, b) for e, g in zip(expected, got, strict=True)
+           for a, b in zip(e, g, strict=True))
+print("torch's bits")
+"""
+
+
+@pytest.mark.slow
+@as_root
+def test_a_job_whose_default_folder_another_user_made_first_warns_and_keeps_out(tmp_path):
+    """On a shared machine another user made ``dpex-cache-<user>`` in the temporary folder
+    before this user's first job: the job runs, with torch's bits and a warning that names
+    the folder, and writes nothing into it."""
+    import shutil
+
+    from dpex.cache.options import default_name
+
+    temp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's sockets live under it
+    try:
+        os.chmod(temp, 0o1777)  # as /tmp is
+        theirs = _folder(os.path.join(temp, default_name()), 0o777, owner=(OTHER, OTHER))
+        job = subprocess.run([sys.executable, "-c", DEFAULT_JOB.format(tests=TESTS_DIR)],
+                             capture_output=True, text=True, env=user_env(TMPDIR=temp),
+                             timeout=240)
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert "torch's bits" in job.stdout
+        assert "runs without its disk tier" in job.stderr and theirs in job.stderr
+        assert os.listdir(theirs) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -46,17 +46,17 @@ PHOTOS = '''
 import numpy as np
 
 import dpex
-import helpers
-import registry
+import my_transforms
+import my_registry
 
 
 class Photos:
     def __init__(self):
         self.names = ["a", "b"]
-        self.decoder = helpers.Decoder()
+        self.decoder = my_transforms.Decoder()
 
     def _load(self, i):
-        return helpers.finish(i)
+        return my_transforms.finish(i)
 
     @dpex.cached
     def decode(self, i):
@@ -64,9 +64,9 @@ class Photos:
 
     @dpex.cached
     def lazy(self, i):
-        import lazy_helpers
+        import my_lazy
 
-        return lazy_helpers.value(i)
+        return my_lazy.value(i)
 
     def __getitem__(self, i):
         return self.decode(i) + 1
@@ -75,7 +75,7 @@ class Photos:
 class ByName:
     @dpex.cached
     def by_name(self, i, kind="double"):
-        return getattr(registry, "TABLE")[kind](i)
+        return getattr(my_registry, "TABLE")[kind](i)
 '''
 
 REGISTRY = '''
@@ -97,13 +97,13 @@ def _namespaces(folder, files: dict[str, str]) -> dict[str, str]:
     folder.mkdir(exist_ok=True)
     for name, text in files.items():
         (folder / name).write_text(textwrap.dedent(text))
-    modules = ("photos", "helpers", "lazy_helpers", "registry")
+    modules = ("my_photos", "my_transforms", "my_lazy", "my_registry")  # names no test uses
     for name in modules:
         sys.modules.pop(name, None)
     sys.path.insert(0, str(folder))
     try:
         importlib.invalidate_caches()
-        photos = importlib.import_module("photos")
+        photos = importlib.import_module("my_photos")
         stages = {"decode": photos.Photos, "lazy": photos.Photos, "by_name": photos.ByName}
         return {stage: fingerprint.namespace(getattr(cls, stage).fn, cls(), None)
                 for stage, cls in stages.items()}
@@ -114,20 +114,20 @@ def _namespaces(folder, files: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("edit, changes", [
-    (("helpers.py", "x + 1", "x + 2"), {"decode"}),  # a function the stage's helper calls
-    (("helpers.py", "SCALE = 2.0", "SCALE = 3.0"), {"decode"}),  # a module-level value
-    (("helpers.py", "x * self.quality", "x * self.quality + 0"), {"decode"}),  # via self.decoder
-    (("helpers.py", "return 42", "return 43"), set()),  # a function no stage reaches
-    (("helpers.py", "return 0", "return 1"), set()),  # a method of a reached class, not named
-    (("registry.py", "2 * x", "3 * x"), {"by_name"}),  # a registry reached by getattr
-    (("registry.py", "return 7", "return 8"), {"by_name"}),  # all getattr could find there
-    (("photos.py", "self.decode(i) + 1", "self.decode(i) + 2"), set()),  # __getitem__: random
-    (("lazy_helpers.py", "i * 3", "i * 4"), {"lazy"}),  # a module the stage imports itself
+    (("my_transforms.py", "x + 1", "x + 2"), {"decode"}),  # a function the stage's helper calls
+    (("my_transforms.py", "SCALE = 2.0", "SCALE = 3.0"), {"decode"}),  # a module-level value
+    (("my_transforms.py", "x * self.quality", "x * self.quality + 0"), {"decode"}),  # via self.decoder
+    (("my_transforms.py", "return 42", "return 43"), set()),  # a function no stage reaches
+    (("my_transforms.py", "return 0", "return 1"), set()),  # a method of a reached class, not named
+    (("my_registry.py", "2 * x", "3 * x"), {"by_name"}),  # a registry reached by getattr
+    (("my_registry.py", "return 7", "return 8"), {"by_name"}),  # all getattr could find there
+    (("my_photos.py", "self.decode(i) + 1", "self.decode(i) + 2"), set()),  # __getitem__: random
+    (("my_lazy.py", "i * 3", "i * 4"), {"lazy"}),  # a module the stage imports itself
 ])
 def test_an_edit_of_the_users_code_changes_the_namespace_of_the_stages_that_reach_it(
         tmp_path, edit, changes):
-    files = {"helpers.py": HELPERS, "photos.py": PHOTOS, "lazy_helpers.py": LAZY,
-             "registry.py": REGISTRY}
+    files = {"my_transforms.py": HELPERS, "my_photos.py": PHOTOS, "my_lazy.py": LAZY,
+             "my_registry.py": REGISTRY}
     before = _namespaces(tmp_path / "before", files)
     assert before == _namespaces(tmp_path / "again", files)  # the same code: the same keys
     name, old, new = edit

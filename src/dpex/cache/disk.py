@@ -122,6 +122,14 @@ class DiskTier:
         except (OSError, EOFError, pickle.UnpicklingError):  # a damaged entry: a miss
             return MISS
 
+    def discard(self, key: str) -> None:
+        """Remove a stale entry (a file it read changed): its bytes stay counted, as an
+        entry's are once admitted; the stage's new result is written in its place."""
+        try:
+            os.unlink(os.path.join(self.path, key))
+        except FileNotFoundError:
+            pass
+
     def put(self, key: str, stored: Any) -> int:
         """Hand ``stored``, pickled, to the writer thread, which keeps it if it fits the
         budget; its bytes, or 0 when it is not kept (the budget is full, or the writer is

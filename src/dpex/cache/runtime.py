@@ -3,23 +3,27 @@
 NOTE [ dpex Exact Cache ]
 
 Why it is exact
-  A ``dpex.cached`` stage is a pure function of its arguments and its namespace (the
-  stage's code, its dataset's attributes and files, the library versions: see
-  fingerprint.py). A hit returns the bits a new call would compute (entries.py), and a
-  stage may not draw from the global generators (rng_guard.py): so skipping it on a hit
-  leaves every later draw of the sample, its random augmentation, as torch's loader makes
-  it. Nothing about a batch depends on what is cached, where, or when: cold, warm, a tier
-  full, an entry lost with its node, a worker killed, an epoch resumed, the batches are
-  torch's. A miss is only slower.
+  A ``dpex.cached`` stage is a pure function of its arguments, its namespace (the code it
+  reaches, its dataset's attributes, the library versions: fingerprint.py) and the files
+  it reads (each entry records them, and a hit checks them: reads.py). A result that read
+  what dpex cannot check is not kept. A hit returns the bits a new call would compute
+  (entries.py), and a stage may not draw from the global generators (rng_guard.py): so
+  skipping it on a hit leaves every later draw of the sample, its random augmentation, as
+  torch's loader makes it. Nothing about a batch depends on what is cached, where, or
+  when: cold, warm, a tier full, an entry lost with its node or made stale by a changed
+  file, a worker killed, an epoch resumed, the batches are torch's. A miss is only slower.
 
 Where a lookup goes (``Space.get``)
   1. the node's object store (owner.py), through the index of references this process
      has read from its node's owner, each read once, in place (memory.py), then copied
      into the value returned (a read-only array: a view, as nothing can change it);
-  2. the node's disk (disk.py), for entries that did not fit the object store;
-  3. a miss: the stage runs between two snapshots of the generators, and its result is
-     admitted to the first tier that has room (policy.py: admitted once, never evicted),
-     unless reading back was measured to cost more than computing (policy.py).
+  2. the node's disk (disk.py), for entries that did not fit the object store (an entry
+     found in either whose recorded files changed since is stale: the lookup goes on, and
+     the stage's new result takes the entry's place);
+  3. a miss: the stage runs between two snapshots of the generators, recording what it
+     reads, and its result is admitted to the first tier that has room (policy.py:
+     admitted once, never evicted), unless reading back was measured to cost more than
+     computing (policy.py) or it read what cannot be checked (reads.py).
   A worker process that is not a Ray process (the local processes a cold start begins
   on) has the disk tier only; a Ray process moves the disk entries it reads into the
   object store while there is room.
@@ -86,7 +90,6 @@ class CacheRuntime:
         self.options, self.use_ray = options, use_ray
         self._spaces: dict[str, Space] = {}
         self._namespaces: dict[tuple[int, int], tuple[Any, str]] = {}
-        self._last: tuple[Any, Any, Space] | None = None  # the last (stage, owner, space)
         self._node_id: str | None = None
 
     def call(self, stage: Any, owner: Any, args: tuple, kwargs: dict) -> Any:
@@ -130,23 +133,17 @@ class CacheRuntime:
                 space.disk.settle(timeout_s=_SETTLE_S)
 
     def _space(self, stage: Any, owner: Any) -> Space:
-        last = self._last
-        if last is not None and last[0] is stage and _deref(last[1]) is owner:
-            return last[2]  # the usual case, without id(): an audited call, dear under a hook
         memo_key = (id(stage), id(owner))
         known = self._namespaces.get(memo_key)
         if known is not None and _deref(known[0]) is owner:
-            space = self._spaces[known[1]]
-        else:
-            name = namespace(stage.fn, owner, self.options.fingerprint)
-            if len(self._namespaces) > 64:
-                self._namespaces.clear()
-            self._namespaces[memo_key] = (_ref(owner), name)
-            if name not in self._spaces:
-                self._spaces[name] = Space(self, name, stage.label())
-            space = self._spaces[name]
-        self._last = (stage, _ref(owner), space)
-        return space
+            return self._spaces[known[1]]
+        name = namespace(stage.fn, owner, self.options.fingerprint)
+        if len(self._namespaces) > 64:
+            self._namespaces.clear()
+        self._namespaces[memo_key] = (_ref(owner), name)
+        if name not in self._spaces:
+            self._spaces[name] = Space(self, name, stage.label())
+        return self._spaces[name]
 
     def node_id(self) -> str:
         if self._node_id is None:
@@ -197,6 +194,8 @@ class Space:
             if not (isinstance(stored, entries.Entry) and reads.unchanged(stored.files)):
                 self.counters["stale"] += 1  # a file it read changed: computed again
                 self._stale.add(key)
+                if tier is self.disk:
+                    tier.discard(key)  # not read again, should its new value not be kept
                 continue
             value = entries.unpack(stored)
             self.counters[counter] += 1
