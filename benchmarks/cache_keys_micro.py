@@ -110,8 +110,10 @@ def _disk_hits(root: str, kind: str, entries: int, repeats: int) -> list[float]:
 def hit(entries: int, repeats: int) -> None:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    started = not ray.is_initialized()
+    if started:  # workers import dpex from where this process did (PYTHONPATH=<checkout>/src)
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
     print("| tier | value | us per hit, median | min-max |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
@@ -123,7 +125,8 @@ def hit(entries: int, repeats: int) -> None:
                 times = run(root, kind, entries, repeats)
                 print(f"| {tier} | {kind} | {statistics.median(times):.1f} | "
                       f"{min(times):.1f}-{max(times):.1f} |")
-    ray.shutdown()
+    if started:
+        ray.shutdown()
 
 
 _NAMESPACE_CHILD = """

@@ -124,6 +124,15 @@ def test_transport_micro_runs(capsys, ray_local):
     assert "faster to get" in capsys.readouterr().out
 
 
+@pytest.mark.ray
+def test_cache_keys_micro_runs(capsys, ray_local, tmp_path):
+    script = _load_script("cache_keys_micro")
+    assert script.main(["--entries", "8", "--repeats", "1", "--sizes", "100",
+                        "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| memory | tensor |" in out and "| disk | array |" in out and "| 100 |" in out
+
+
 def test_shared_memory_micro_runs(capsys):
     script = _load_script("shared_memory_micro")
     assert script.main(["--batch", "2", "--repeats", "1"]) == 0

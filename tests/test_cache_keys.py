@@ -272,6 +272,15 @@ def local_cache(tmp_path):
     runtime.activate(None, use_ray=False)
 
 
+def _images(tmp_path, n: int):
+    """A folder of ``n`` files of 64 bytes, file ``k`` of bytes ``k``."""
+    root = tmp_path / "images"
+    root.mkdir()
+    for k in range(n):
+        (root / f"{k}.jpg").write_bytes(bytes([k]) * 64)
+    return root
+
+
 def _epoch(dataset, n):
     out = [dataset.decode(i) for i in range(n)]
     for space in runtime.active()._spaces.values():
@@ -281,12 +290,9 @@ def _epoch(dataset, n):
 
 def test_a_hit_checks_the_files_its_entry_read(tmp_path, local_cache):
     """A folder plus names: a file rewritten in place is read again, and only that one."""
-    root = tmp_path / "images"
-    root.mkdir()
-    for n in range(12):
-        (root / f"{n}.jpg").write_bytes(bytes([n]) * 64)
+    root = _images(tmp_path, 12)
     local_cache()
-    dataset = Folder(root, [f"{n}.jpg" for n in range(12)])
+    dataset = Folder(root, sorted(os.listdir(root), key=lambda name: int(name[:-4])))
     _epoch(dataset, 12)
     assert dataset.runs == 12
     assert [bytes(x) for x in _epoch(dataset, 12)] == [bytes([n]) * 64 for n in range(12)]
@@ -303,12 +309,9 @@ def test_a_hit_checks_the_files_its_entry_read(tmp_path, local_cache):
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/io"), reason="Linux counts no reads")
 def test_what_a_stage_reads_unseen_is_not_kept_unless_vouched_for(tmp_path, local_cache):
-    root = tmp_path / "images"
-    root.mkdir()
-    for n in range(4):
-        (root / f"{n}.jpg").write_bytes(bytes([n]) * 64)
+    root = _images(tmp_path, 4)
     local_cache()
-    dataset = Folder(root, [f"{n}.jpg" for n in range(4)], reader="c")
+    dataset = Folder(root, os.listdir(root), reader="c")
     _epoch(dataset, 4)
     _epoch(dataset, 4)
     assert dataset.runs == 8  # nothing kept: a changed file would go unnoticed

@@ -93,4 +93,4 @@ def _warn_unseen(stage: str) -> None:
         "would go unnoticed. Open the file in Python and decode its bytes "
         "(cv2.imdecode, torchvision.io.decode_image), pass the path as an argument of "
         "the stage, or vouch for the data with dpex.Cache(fingerprint=...): see "
-        "docs/caching.md, 'When an entry is invalidated'.", stacklevel=2)
+        "docs/caching.md, 'Across jobs, and when an entry is invalidated'.", stacklevel=2)
