@@ -26,7 +26,8 @@ export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 # The subset: parity, recovery, resume, warm pool and elastic moves, joining a real
 # `ray start` cluster (with and without token auth), user-code shipping, DDP sharing one
 # Ray, the accelerate and Lightning integrations, the cache's object-store tier and the
-# shared stream (named actors, object references passed between processes).
+# shared stream (named actors, object references passed between processes), and the cache's
+# keys (they read each Python's bytecode).
 VERSION_TESTS=(
     tests/test_parity.py
     tests/test_cluster_recovery.py
@@ -40,6 +41,7 @@ VERSION_TESTS=(
     tests/test_lightning.py
     tests/test_compat.py
     tests/test_cache_ray.py
+    tests/test_cache_keys.py
     tests/test_share.py
 )
 
