@@ -354,3 +354,36 @@ def test_the_wrappers_are_in_place_only_while_a_stage_computes_and_see_only_its_
 
     assert io.open is builtins.open
     assert [p for p, _ in out[0].files] == [str(path)]
+
+
+class Nested:
+    """A cached stage that calls another: the outer's entry depends on the inner's files,
+    whether the inner computed or hit."""
+
+    def __init__(self, root):
+        self.root = str(root)
+
+    @dpex.cached
+    def inner(self, i):
+        with open(os.path.join(self.root, f"{i}.jpg"), "rb") as f:
+            time.sleep(0.002)
+            return f.read()
+
+    @dpex.cached
+    def outer(self, i):
+        time.sleep(0.002)
+        return self.inner(i) + b"!"
+
+
+def test_a_stage_inside_another_makes_the_outer_depend_on_its_files(tmp_path, local_cache):
+    root = _images(tmp_path, 4)
+    local_cache()
+    dataset = Nested(root)
+    for first in (dataset.inner, dataset.outer):  # the inner computed alone, or inside
+        for i in range(4):
+            first(i)
+    for space in runtime.active()._spaces.values():
+        space.disk.settle()
+    assert dataset.outer(2) == bytes([2]) * 64 + b"!"  # a hit
+    (root / "2.jpg").write_bytes(b"\xff" * 64)
+    assert dataset.outer(2) == b"\xff" * 64 + b"!"  # stale through the inner's file

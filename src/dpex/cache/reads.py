@@ -114,6 +114,18 @@ def record() -> Iterator[list[Reads]]:
         unseen = (not opened and calls_before is not None and calls_after is not None
                   and calls_after - calls_before > _OWN_READS)
         out.append(Reads(tuple(sorted(seen.items())), unseen))
+        if previous is not None:  # a stage computed inside another's: the outer read it too
+            add(out[0].files)
+            previous[1].extend(opened)
+
+
+def add(files: tuple[tuple[str, Signature], ...]) -> None:
+    """Count ``files`` as read by the computation this thread records, if any: those of
+    a cached stage's hit (or miss) inside another stage, whose value they make too."""
+    recording = getattr(_local, "recording", None)
+    if recording is not None:
+        for path, then in files:
+            recording[0].setdefault(path, then)
 
 
 def _wrap() -> None:

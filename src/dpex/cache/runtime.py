@@ -198,6 +198,7 @@ class Space:
                     tier.discard(key)  # not read again, should its new value not be kept
                 continue
             value = entries.unpack(stored)
+            reads.add(stored.files)  # a stage computing around this hit read them too
             self.counters[counter] += 1
             self.counters["read_s"] += time.perf_counter() - started
             self.hits += 1
