@@ -34,9 +34,13 @@ def unrelated():
 class Decoder:
     def __init__(self, quality=90):
         self.quality = quality
+        self.scale = self._scale  # a bound method kept as an attribute
+
+    def _scale(self, x):
+        return x * 1
 
     def run(self, x):
-        return x * self.quality
+        return self.scale(x) * self.quality
 
     def unused(self):
         return 0
@@ -116,7 +120,10 @@ def _namespaces(folder, files: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize("edit, changes", [
     (("my_transforms.py", "x + 1", "x + 2"), {"decode"}),  # a function the stage's helper calls
     (("my_transforms.py", "SCALE = 2.0", "SCALE = 3.0"), {"decode"}),  # a module-level value
-    (("my_transforms.py", "x * self.quality", "x * self.quality + 0"), {"decode"}),  # via self.decoder
+    (("my_transforms.py", "self.scale(x) * self.quality", "self.scale(x) * self.quality + 0"),
+     {"decode"}),  # a method of an object in the dataset's state (self.decoder)
+    # A callable kept in the dataset's state counts for each of its stages.
+    (("my_transforms.py", "x * 1", "x * 2"), {"decode", "lazy"}),
     (("my_transforms.py", "return 42", "return 43"), set()),  # a function no stage reaches
     (("my_transforms.py", "return 0", "return 1"), set()),  # a method of a reached class, not named
     (("my_registry.py", "2 * x", "3 * x"), {"by_name"}),  # a registry reached by getattr

@@ -283,7 +283,9 @@ class _ReachingPickler(pickle.Pickler):
         if isinstance(obj, (types.FunctionType, types.ModuleType)) or _is_cached(obj):
             self._walk.value(obj)
             return _token, (f"{type(obj).__name__} {getattr(obj, '__name__', '')}",)
-        if not isinstance(obj, (types.BuiltinFunctionType, types.MethodType)):
+        if isinstance(obj, types.MethodType):  # self.transform = self._normalize
+            self._walk.function(obj.__func__)
+        elif not isinstance(obj, types.BuiltinFunctionType):
             cls = type(obj)
             if cls.__module__ != "builtins":
                 self._walk.klass(cls)
