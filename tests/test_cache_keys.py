@@ -179,7 +179,7 @@ def test_reads_records_what_python_opens_and_lists_and_not_what_it_writes(tmp_pa
     assert dict(read.files).keys() == {str(image), str(tmp_path / "b.npy"), str(listed),
                                        str(missing)}
     assert dict(read.files)[str(missing)] == ("absent",)
-    assert not read.unseen and read.current()
+    assert not read.unseen and reads.unchanged(read.files)
 
 
 @pytest.mark.parametrize("change", ["same size and time", "removed", "created", "listed"])
@@ -195,7 +195,7 @@ def test_an_entry_is_stale_once_a_file_it_read_changes(tmp_path, change):
         except FileNotFoundError:
             pass
     (read,) = out
-    assert read.current()
+    assert reads.unchanged(read.files)
     if change == "same size and time":  # rewritten in place, its time set back (cp -p)
         st = os.stat(image)
         image.write_bytes(b"5678")
@@ -206,7 +206,7 @@ def test_an_entry_is_stale_once_a_file_it_read_changes(tmp_path, change):
         (tmp_path / "b.jpg").write_bytes(b"")
     else:
         (folder / "new").write_bytes(b"")
-    assert not read.current()
+    assert not reads.unchanged(read.files)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/io"), reason="Linux counts no reads")

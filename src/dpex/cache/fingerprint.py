@@ -11,7 +11,7 @@ A change in any of them is a new namespace; ``Cache(fingerprint=...)`` replaces 
 attributes with the user's own string (the code and the versions still count). The files
 a stage reads are not in the namespace: each entry records those it read, and a hit
 checks them (reads.py: NOTE [ dpex Cache Reads ]). An entry's key within its namespace is
-the stage's arguments, with the size and modification time of any that names a file.
+the stage's arguments, with the signature (reads.signature) of any that names a file.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from dpex.cache.code_origin import library_versions
 from dpex.cache.code_reach import canonical, reach
+from dpex.cache.reads import ABSENT, Signature, signature
 
 _MAX_DEPTH = 3  # how deep attributes are searched for paths (lists of lists of paths)
 # Distributions whose version counts where installed (looked up, not imported: whether a
@@ -52,13 +53,13 @@ def entry_key(args: tuple, kwargs: dict) -> str:
     digest.update(_pickled((args, sorted(kwargs.items()))))
     for value in (*args, *kwargs.values()):
         if isinstance(value, (str, os.PathLike)):
-            digest.update(_file_signature(value).encode())
+            digest.update(repr(signature(value)).encode())
     return digest.hexdigest()
 
 
 def names_a_file(args: tuple, kwargs: dict) -> bool:
     """Whether an argument names an existing file (the entry's key then covers it)."""
-    return any(_file_signature(value) for value in (*args, *kwargs.values())
+    return any(signature(value) != ABSENT for value in (*args, *kwargs.values())
                if isinstance(value, (str, os.PathLike)))
 
 
@@ -92,16 +93,16 @@ def _name(obj: Any) -> str:
     return getattr(obj, "__qualname__", type(obj).__qualname__)
 
 
-def files_of(owner: Any) -> list[tuple[str, str]]:
+def files_of(owner: Any) -> list[tuple[str, Signature]]:
     """(path, signature) of every existing file or folder the owner's attributes name."""
     state = vars(owner) if hasattr(owner, "__dict__") else {}
-    seen: dict[str, str] = {}
+    seen: dict[str, Signature] = {}
     for value in state.values():
         for path in _paths(value, _MAX_DEPTH):
             if path not in seen:
-                signature = _file_signature(path)
-                if signature:
-                    seen[path] = signature
+                found = signature(path)
+                if found != ABSENT:
+                    seen[path] = found
     return sorted(seen.items())
 
 
@@ -129,16 +130,6 @@ def _paths(value: Any, depth: int) -> Iterator[str]:
     elif depth > 0 and isinstance(value, dict):
         for item in value.values():
             yield from _paths(item, depth - 1)
-
-
-def _file_signature(path: Any) -> str:
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError, TypeError):
-        return ""
-    if os.path.isdir(path):
-        return f"dir:{st.st_mtime_ns}"
-    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def _pickled(value: Any) -> bytes:

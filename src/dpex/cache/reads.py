@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Signature = tuple  # (kind, size, mtime_ns, ctime_ns, inode), or ("absent",)
-_ABSENT: Signature = ("absent",)
+ABSENT: Signature = ("absent",)
 _NOT_FILES = ("/proc/", "/sys/", "/dev/")
 _THREAD_IO = "/proc/thread-self/io"
 
@@ -71,10 +71,6 @@ class Reads:
     files: tuple[tuple[str, Signature], ...] = ()
     unseen: bool = False
 
-    def current(self) -> bool:
-        """Every file and folder is as it was when the entry was computed."""
-        return unchanged(self.files)
-
 
 def unchanged(files: tuple[tuple[str, Signature], ...]) -> bool:
     """Each ``(path, signature)`` still holds: one ``os.stat`` a file."""
@@ -88,8 +84,8 @@ def signature(path: str) -> Signature:
     """A file's or folder's identity and version: any rewrite changes its change time."""
     try:
         st = os.stat(path)
-    except (OSError, ValueError):
-        return _ABSENT
+    except (OSError, ValueError, TypeError):
+        return ABSENT
     kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
     return (kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
