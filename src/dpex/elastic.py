@@ -216,13 +216,14 @@ class ElasticControl(NodeFollowing):
             capacity = self._it._picker.capacity(current)
             if self._growth is not None and target > capacity:
                 self._ask(target, reason)
-            for _ in range(min(target, max(capacity, current)) - current):
-                try:
-                    self._it._add_process(watch=True)
-                    added += 1
-                    self._filling = True
-                except NoEligibleNodeError:
-                    break
+            with self._it._picker.placement_round():  # one reading of the nodes for them all
+                for _ in range(min(target, max(capacity, current)) - current):
+                    try:
+                        self._it._add_process(watch=True)
+                        added += 1
+                        self._filling = True
+                    except NoEligibleNodeError:
+                        break
             stats.record_scaling(current, current + added, reason)
         else:
             chosen = self._retirable()[:current - target]

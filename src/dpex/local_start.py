@@ -101,10 +101,11 @@ class LocalStart:
             self._setup_ray()
             self._elastic.note("Ray is up: a Ray process for each local one, started or from the "
                                "warm pool")
-        for local in self._local_procs():  # step 3, and again if a Ray twin died
-            if (self._hosted(local) and not local.retiring
-                    and local not in self._local_twins.values()):
-                self._local_twins[self._add_process(watch=True)] = local
+        with self._picker.placement_round():  # one reading of the nodes for them all
+            for local in self._local_procs():  # step 3, and again if a Ray twin died
+                if (self._hosted(local) and not local.retiring
+                        and local not in self._local_twins.values()):
+                    self._local_twins[self._add_process(watch=True)] = local
         starting = [p.ready_ref for p in self._local_twins if p.ready_ref is not None]
         if starting:
             ready, _ = wait(starting, num_returns=len(starting), timeout=0)

@@ -90,12 +90,13 @@ class NodeFollowing:
             return
         capacity = self._it._picker.capacity(len(live))
         added = 0
-        for _ in range(min(self._growth.asked, capacity) - len(live)):
-            try:
-                self._it._add_process(watch=True)
-            except NoEligibleNodeError:
-                break
-            added += 1
+        with self._it._picker.placement_round():  # one reading of the nodes for them all
+            for _ in range(min(self._growth.asked, capacity) - len(live)):
+                try:
+                    self._it._add_process(watch=True)
+                except NoEligibleNodeError:
+                    break
+                added += 1
         if added:
             self._filling = True
             self._it._stats.record_scaling(len(live), len(live) + added,

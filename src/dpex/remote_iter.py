@@ -168,8 +168,9 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
                                 self._elastic.initial_processes())
         else:
             self._elastic.wait_for_nodes()
-            for _ in range(self._elastic.initial_processes()):
-                self._add_process(count=False)
+            with self._picker.placement_round():  # one reading of the nodes for them all
+                for _ in range(self._elastic.initial_processes()):
+                    self._add_process(count=False)
         self._count_processes()
         for slot in self._slots:  # logical worker w on process w mod P: equal shares
             slot.epoch_start = slot.position

@@ -20,35 +20,13 @@ slowest logical worker sets the pace. Two questions follow, both answered here:
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
-def allocate(seats: int, weights: Sequence[float]) -> list[int]:
-    """Split ``seats`` among parties in proportion to ``weights`` (D'Hondt).
-
-    Maximises ``min(weight_p / seats_p)`` over the parties that get a seat; ties go to the
-    earlier party, so the result is deterministic.
-
-    >>> allocate(4, [1.0, 1.0])
-    [2, 2]
-    >>> allocate(4, [1.0, 0.1])
-    [4, 0]
-    """
-    counts = [0] * len(weights)
-    for _ in range(seats if weights else 0):
-        best = max(range(len(weights)), key=lambda p: (weights[p] / (counts[p] + 1), -p))
-        counts[best] += 1
-    return counts
-
-
-def throughput(speeds: Sequence[float], counts: Sequence[int]) -> float:
-    """Batches/s of a loader whose processes run at ``speeds`` and host ``counts``."""
-    n = sum(counts)
-    rates = [s / k for s, k in zip(speeds, counts) if k > 0]
-    return n * min(rates) if rates else 0.0
+from dpex.allocation import SupplyCurve, allocate, throughput  # noqa: F401 (also from here)
 
 
 @dataclass(frozen=True)
@@ -159,30 +137,31 @@ class AutoscalePolicy:
         # Batches/s the loop would take if it never waited (unknown when it only waited).
         demand = 1.0 / compute_s if compute_s > 0 else math.inf
         wanted = f"{demand:.1f} batches/s" if compute_s > 0 else "more batches"
-
-        def supply(count: int) -> float:
-            procs = sorted(speeds, reverse=True)[:count] + [typical] * max(0, count - len(speeds))
-            return throughput(procs, allocate(self.num_workers, procs))
-
         top = min(self.ceiling, self.max_processes, max(capacity, current, grow_to))
+        # supply(c): the batches/s of the c fastest processes (then new ones, typical),
+        # the logical workers allocated over them. It never falls as c grows, so each
+        # question below is the first count past a threshold.
+        fastest = sorted(speeds, reverse=True)
+        supply = SupplyCurve(fastest + [typical] * (max(top, current) - len(fastest)),
+                             self.num_workers)
         if stall > self.options.stall_up and current < top:
-            now = supply(current)
-            helping = [c for c in range(current + 1, top + 1) if supply(c) > now * 1.05]
-            if helping:
-                enough = [c for c in helping if supply(c) >= demand * 1.1]
-                target = enough[0] if enough else helping[-1]
+            # The counts that help (supply more than 5% over now's): all from the first.
+            helping = supply.first_reaching(supply.at(current) * 1.05, current + 1, top,
+                                            strictly=True)
+            if helping is not None:
+                enough = supply.first_reaching(demand * 1.1, helping, top)
+                target = enough if enough is not None else top
                 self._last_up = (current, rate)
                 return Decision(target, f"training loop waited {stall:.0%} of the last "
                                         f"{window.elapsed_s:.1f}s; {current} -> {target} "
                                         f"processes to supply {wanted}")
         if stall < self.options.stall_down and current > self.min_processes:
             needed = demand * (1 + self.options.down_margin)
-            fewer = [c for c in range(self.min_processes, current) if supply(c) >= needed]
-            if fewer:
-                target = fewer[0]
+            target = supply.first_reaching(needed, self.min_processes, current - 1)
+            if target is not None:
                 return Decision(target, f"training loop waited {stall:.0%}; {target} "
-                                        f"processes still supply {supply(target):.1f} of the "
-                                        f"{wanted} it takes")
+                                        f"processes still supply {supply.at(target):.1f} of "
+                                        f"the {wanted} it takes")
         return None
 
     def _learn_from_last_step(self, current: int, rate: float, stall: float) -> None:
@@ -251,12 +230,24 @@ def plan_moves(speeds: Sequence[float], hosted: Sequence[Sequence[int]],
         capacity, [[w for p in procs for w in hosted[p]] for procs in members], movable, min_gain)
     if across:
         counts = [len(h) for h in hosted]
+        host = {}  # worker -> its process (each worker is hosted once)
+        for proc, workers in enumerate(hosted):
+            for worker in workers:
+                host.setdefault(worker, proc)
+        # Per destination node, its processes by the share a worker more would get there,
+        # least first (ties: the earlier process). Only moves onto a node change its
+        # processes' counts: a node gives workers or takes them, never both.
+        lightest: dict[int, list[tuple[float, int]]] = {}
         moves = []
         for worker, src_node, dst_node in across:
-            src = next(p for p in members[src_node] if worker in hosted[p])
-            dst = min(members[dst_node], key=lambda p: ((counts[p] + 1) / speeds[p], p))
+            src = host[worker]
+            if dst_node not in lightest:
+                lightest[dst_node] = [((counts[p] + 1) / speeds[p], p) for p in members[dst_node]]
+                heapq.heapify(lightest[dst_node])
+            dst = lightest[dst_node][0][1]
             counts[src] -= 1
             counts[dst] += 1
+            heapq.heapreplace(lightest[dst_node], ((counts[dst] + 1) / speeds[dst], dst))
             moves.append((worker, src, dst))
         return moves
     within = []
@@ -274,12 +265,18 @@ def _moves_toward_allocation(speeds: Sequence[float], hosted: Sequence[Sequence[
     target = allocate(sum(counts), speeds)
     moves = []
     final = list(counts)
+    # The first unit below its target. It only moves on: a unit that reached its target
+    # never falls below it again (a source gives workers only down to its target).
+    dst = 0
     for src in range(len(hosted)):
+        if final[src] <= target[src]:  # it gives no worker: not worth sorting its workers
+            continue
         for wid in sorted((w for w in hosted[src] if w in movable), reverse=True):
             if final[src] <= target[src]:
                 break
-            dst = next((d for d in range(len(hosted)) if final[d] < target[d]), None)
-            if dst is None:
+            while dst < len(hosted) and final[dst] >= target[dst]:
+                dst += 1
+            if dst == len(hosted):
                 break
             moves.append((wid, src, dst))
             final[src] -= 1

@@ -64,6 +64,7 @@ What is seen (``loader.stats()``, ``loader.timeline()``)
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 SHARE = 0.5  # of each node's object store (see the NOTE)
@@ -110,6 +111,8 @@ class StoreBudget:
         self._holding_since: float | None = None
         self.last_held: float | None = None  # when a task was last held back (or now)
         self._held_at: dict[int, float] = {}  # task -> when it was first held back
+        # The held tasks' ids, least first; a task no longer held leaves when it comes up.
+        self._held_order: list[int] = []
 
     # ------------------------------------------------------------- what the budget is
 
@@ -149,7 +152,8 @@ class StoreBudget:
         ``first_task``), made on ``node``, may be submitted now (see the NOTE)."""
         size = self.expected(worker_id)
         fit = 0
-        earlier_held = first_task is not None and self._held_at and min(self._held_at) < first_task
+        earliest = self.earliest_held()
+        earlier_held = first_task is not None and earliest is not None and earliest < first_task
         if size is not None and not earlier_held:
             while fit < tasks and self._fits(node, (fit + 1) * size):
                 fit += 1
@@ -169,7 +173,9 @@ class StoreBudget:
     def hold(self, task_ids: list[int], now: float) -> None:
         """``task_ids`` wait for the budget (from ``now``, unless they already did)."""
         for task_id in task_ids:
-            self._held_at.setdefault(task_id, now)
+            if task_id not in self._held_at:
+                self._held_at[task_id] = now
+                heapq.heappush(self._held_order, task_id)
         if task_ids:
             if self._holding_since is None:
                 self._holding_since = now
@@ -187,6 +193,15 @@ class StoreBudget:
         """The seconds of holding back that ended since the last call."""
         new, self._held_taken = self.held_s - self._held_taken, self.held_s
         return new
+
+    def earliest_held(self) -> int | None:
+        """The least task id held back for the budget now; None if none is. Amortised
+        O(log held), where ``min`` over the held tasks would be O(held) for each worker
+        the dispatch asks about."""
+        order = self._held_order
+        while order and order[0] not in self._held_at:
+            heapq.heappop(order)
+        return order[0] if order else None
 
     def holding(self) -> bool:
         """Whether some task is held back for the budget now."""
@@ -244,6 +259,7 @@ class StoreBudget:
         self._outstanding.clear()
         self._total = 0
         self._held_at.clear()
+        self._held_order.clear()
 
     def _drop(self, task_id: int) -> None:
         self._unsized.discard(task_id)
