@@ -226,6 +226,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         # a call leaves it when it arrives, is collected, or is dropped by a recovery.
         # NOTE [ dpex Delivered Rate ] (delivery.py).
         self._unarrived: dict[Any, tuple[float, ProcessHandle]] = {}
+        self._observed_at = float("-inf")  # the last poll for arrivals (receive.py)
         self._task_ref: dict[int, Any] = {}
         self._tasks_outstanding = 0
         # Task t goes to worker t mod N, also when a resumed epoch starts at t = skip.

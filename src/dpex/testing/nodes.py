@@ -96,19 +96,22 @@ def plain_env(**extra: str) -> dict[str, str]:
 class NodeCluster:
     """``nodes`` Ray nodes of ``cores_per_node`` cores each, started by ``start()``.
 
-    Node ``i`` gets cores ``cores[i*c:(i+1)*c]`` of ``usable_cores()``. ``address`` is the
+    Node ``i`` gets cores ``cores[i*c:(i+1)*c]`` of ``usable_cores()`` (with ``share_cores``,
+    more nodes than cores may share them, wrapping round). ``address`` is the
     head's ``host:port``; ``raylet_pids()`` lists the raylets of these nodes only.
     """
 
     def __init__(self, nodes: int, cores_per_node: int = 1, upto: Sequence[int] = (),
                  object_store_mb: int = 1024, start_timeout_s: float = 180.0,
-                 busy_nodes: Sequence[int] = ()) -> None:
+                 busy_nodes: Sequence[int] = (), share_cores: bool = False) -> None:
         reason = why_not(nodes, cores_per_node)
-        if reason:
+        if reason and not (share_cores and why_not(1, cores_per_node) is None):
             raise RuntimeError(f"cannot start {nodes} pinned node(s): {reason}")
         cores = usable_cores()
-        self.node_cores = [cores[i * cores_per_node:(i + 1) * cores_per_node]
-                           for i in range(nodes)]
+        # share_cores: more nodes than cores, node i on the cores after node i-1's, wrapping
+        # round (two nodes per core at twice as many nodes as cores).
+        self.node_cores = [[cores[(i * cores_per_node + j) % len(cores)]
+                            for j in range(cores_per_node)] for i in range(nodes)]
         self.upto = tuple(upto)
         self.busy_nodes = tuple(busy_nodes)
         self.object_store_mb = object_store_mb
@@ -220,6 +223,10 @@ class NodeCluster:
     def busy_pids(self) -> list[int]:
         """The busy processes of ``busy_nodes`` still alive."""
         return [pid for pid in self.member_pids() if BUSY_LOOP in cmdline(pid)]
+
+    def gcs_pid(self) -> int | None:
+        """The head's GCS process, or None once stopped."""
+        return next((pid for pid in self.member_pids() if _comm(pid) == "gcs_server"), None)
 
     def raylet_pids(self) -> list[int]:
         """The raylet processes of this cluster still alive (empty once stopped)."""
