@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/scale_model.py nodes --nodes 1,4,8,16,32 --repeats 3
     python benchmarks/scale_model.py ranks --nodes 16 --ranks 1,2,4,8,16 --repeats 2
+    python benchmarks/scale_model.py plot --tables nodes.md --out scale-nodes.png
 
 Each node is a ``ray.cluster_utils.Cluster`` node: its own raylet, object store and worker
 pool, as on a real machine (the head also runs the GCS), here all on every core of this
@@ -96,13 +97,18 @@ def run_trainers(cluster, workers: int, ranks: int, args) -> list[dict]:
                    "--rank", str(rank), "--world-size", str(ranks)])
         if args.persistent:
             command.append("--persistent")
+        if args.step_ms:
+            command += ["--step-ms", str(args.step_ms)]
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
     results = []
     for proc in procs:
         out, _ = proc.communicate(timeout=args.timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"a trainer exited {proc.returncode}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"a trainer printed no result:\n{out[-2000:]}")
+        results.append(json.loads(lines[-1]))
     return results
 
 
@@ -114,11 +120,14 @@ def summarise(result: dict, idle_gcs: float) -> dict:
     return {
         "cpu_ms_per_batch": 1000 * sum(e["cpu_s"] for e in steady) / batches,
         "batches_per_s": batches / sum(e["wall_s"] for e in steady),
+        "stall_pct": 100 * sum(e.get("stall_s", 0.0) for e in steady)
+        / sum(e["wall_s"] for e in steady),
         "first_batch_s": result["first_batch_s"],
         "boundary_ms": 1000 * statistics.median(e["gap_s"] for e in steady),
         "peak_rss_mb": result["peak_rss_mb"],
         "gcs_idle_s_per_min": idle_gcs,
         "gcs_loading_s_per_min": 60 * result["gcs_cpu_s"] / result["steady_wall_s"] - idle_gcs,
+        "moves": result.get("moves", 0),
         "calls_first_epoch": calls[0],
         "calls_per_later_epoch": max(calls[1:]) if len(calls) > 1 else 0,
     }
@@ -126,11 +135,13 @@ def summarise(result: dict, idle_gcs: float) -> dict:
 
 COLUMNS = [("cpu_ms_per_batch", "trainer CPU ms/batch", "{:.2f}"),
            ("batches_per_s", "batches/s", "{:.0f}"),
+           ("stall_pct", "data stall %", "{:.0f}"),
            ("first_batch_s", "first batch s", "{:.1f}"),
            ("boundary_ms", "epoch boundary ms", "{:.0f}"),
            ("peak_rss_mb", "trainer peak RSS MB", "{:.0f}"),
            ("gcs_idle_s_per_min", "GCS CPU s/min, idle", "{:.2f}"),
            ("gcs_loading_s_per_min", "GCS CPU s/min, added by loading", "{:.2f}"),
+           ("moves", "workers moved", "{:.0f}"),
            ("calls_first_epoch", "cluster calls, epoch 0", "{:.0f}"),
            ("calls_per_later_epoch", "cluster calls, later epochs", "{:.0f}")]
 
@@ -185,9 +196,52 @@ def sweep_ranks(args) -> str:
     return table(f"ranks on {k} nodes", rows)
 
 
+def read_table(path: Path) -> tuple[list[str], dict[str, list[tuple[float, float, float]]]]:
+    """A table this script wrote: its row labels, and per column (median, min, max)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in path.read_text().splitlines() if line.startswith("|")]
+    header, body = rows[0], rows[2:]
+    columns: dict[str, list[tuple[float, float, float]]] = {name: [] for name in header[1:]}
+    for row in body:
+        for name, text in zip(header[1:], row[1:]):
+            median, _, spread = text.partition(" [")
+            low, high = (spread.rstrip("]").rsplit("-", 1) if spread else (median, median))
+            columns[name].append((float(median), float(low), float(high)))
+    return [row[0] for row in body], columns
+
+
+def plot(tables: list[Path], out: Path) -> None:
+    """The node sweep's curves (one line per table), medians with the spread as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = ["trainer CPU ms/batch", "first batch s", "GCS CPU s/min, added by loading",
+              "epoch boundary ms"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    for path in tables:
+        labels, columns = read_table(path)
+        nodes = [int(label.split()[0]) for label in labels]
+        for ax, name in zip(axes, panels):
+            med = [m for m, _, _ in columns[name]]
+            err = [[m - lo for m, lo, _ in columns[name]], [hi - m for m, _, hi in columns[name]]]
+            ax.errorbar(nodes, med, yerr=err, marker="o", capsize=3, label=path.stem)
+            ax.set_title(name, fontsize=10)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(nodes, [str(n) for n in nodes])
+            ax.set_xlabel("Ray nodes")
+            ax.set_ylim(bottom=0)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=("nodes", "ranks"))
+    parser.add_argument("part", choices=("nodes", "ranks", "plot"),
+                        help="plot: draw --tables (node sweeps this script wrote) into --out")
+    parser.add_argument("--tables", type=Path, nargs="*", default=[])
     parser.add_argument("--nodes", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 4, 8, 16, 32])
     parser.add_argument("--ranks", type=lambda s: [int(x) for x in s.split(",")],
@@ -197,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=200, help="per epoch (per rank)")
     parser.add_argument("--epochs", type=int, default=3, help="the first is the warm-up")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="a training step per batch (the loop sleeps): 0 reads as fast "
+                             "as batches come")
     parser.add_argument("--persistent", action="store_true",
                         help="persistent_workers=True (default: torch's False)")
     parser.add_argument("--pinned", action="store_true",
@@ -205,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.part == "plot":
+        plot(args.tables, args.out)
+        return 0
     text = sweep_nodes(args) if args.part == "nodes" else sweep_ranks(args)
     print(text)
     if args.out:

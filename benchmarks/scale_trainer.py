@@ -8,7 +8,8 @@ the cluster at ``--address``, cheap items (16 floats), as one DDP rank with a
   are done before);
 * per epoch: wall seconds, batches, the trainer's CPU seconds, the gap before its first
   batch (for epoch ≥ 1 the epoch boundary: the previous epoch's last batch to this one's
-  first), and the cluster-wide Ray calls the trainer made in it (``ray.nodes``,
+  first), the seconds the loop waited for the batches after the first (its data stall;
+  with ``--step-ms`` the loop sleeps that long per batch, a training step), and the cluster-wide Ray calls the trainer made in it (``ray.nodes``,
   ``ray.available_resources``, ``ray.cluster_resources``, the state API);
 * the GCS process's CPU seconds over the epochs after the first (read from
   ``/proc/<gcs pid>/stat``: the cluster runs on this machine), and the trainer's peak RSS.
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="a training step per batch: the loop sleeps this long (a GPU "
+                             "step, during which the trainer's CPU idles)")
     parser.add_argument("--py-spy", default=None,
                         help="profile the epochs after the first into this file (raw)")
     args = parser.parse_args(argv)
@@ -118,17 +122,21 @@ def main(argv: list[str] | None = None) -> int:
                 spy = start_py_spy(Path(args.py_spy))
             gcs_from = (process_cpu_s(args.gcs_pid), time.perf_counter())
         before_calls, cpu0, wall0 = Counter(calls), time.process_time(), time.perf_counter()
-        gap, batches = None, 0
+        gap, batches, waited, asked = None, 0, 0.0, time.perf_counter()
         for _ in loader:
             now = time.perf_counter()
+            waited += now - asked
             if gap is None:
                 gap = now - last_batch_at
                 if first_batch_s is None:
                     first_batch_s = now - started
             batches += 1
-            last_batch_at = now
+            if args.step_ms:
+                time.sleep(args.step_ms / 1000)
+            last_batch_at = asked = time.perf_counter()
         epochs.append({"wall_s": time.perf_counter() - wall0, "batches": batches,
                        "cpu_s": time.process_time() - cpu0, "gap_s": gap,
+                       "stall_s": waited - (gap or 0.0),
                        "cluster_calls": dict(calls - before_calls)})
     if args.py_spy and gcs_from:
         from dpex.bench.profile import stop_py_spy, summarise_collapsed
@@ -137,14 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         print(summarise_collapsed(Path(args.py_spy).read_text(), top=40), file=sys.stderr)
     gcs_cpu_s = process_cpu_s(args.gcs_pid) - gcs_from[0] if gcs_from else None
     steady_wall_s = time.perf_counter() - gcs_from[1] if gcs_from else None
-    stats = loader.stats() if hasattr(loader, "stats") else None
+    stats = loader.stats()
     del loader
     print(json.dumps({
         "rank": args.rank, "first_batch_s": first_batch_s, "epochs": epochs,
         "gcs_cpu_s": gcs_cpu_s, "steady_wall_s": steady_wall_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "nodes_used": sorted({w.get("node") for w in getattr(stats, "workers", []) or []
-                              if isinstance(w, dict)} - {None}),
+        "nodes_used": len(stats.per_node), "moves": stats.moves,
     }))
     return 0
 

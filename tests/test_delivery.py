@@ -155,26 +155,3 @@ def test_a_call_held_up_by_a_hiccup_changes_no_speed():
     assert proc.delivery.overdue_s(now=4.4, sent=0.0) == pytest.approx(2.0)
     assert proc.seconds_per_task() == pytest.approx(0.3)
 
-
-def test_the_poll_for_arrivals_runs_at_most_every_5_ms(monkeypatch):
-    """A loop of cheap batches asks for arrivals before every batch; one poll is a
-    ``ray.wait`` over every call in flight (55-75 us of the trainer's CPU). 1,000 batches in
-    one second of a fake clock poll at most 200 times, and a result is still seen."""
-    from dpex import receive
-
-    polls = []
-    monkeypatch.setattr(receive, "ready_here", lambda refs: polls.append(refs) or [])
-    clock = iter(i * 0.001 for i in range(10_000))
-    monkeypatch.setattr(receive.time, "monotonic", lambda: next(clock))
-
-    class Loop(receive.Receive):
-        _unarrived = {"call": (0.0, None)}
-        _observed_at = float("-inf")
-
-        def _arrived(self, refs, at):
-            assert refs == []
-
-    loop = Loop()
-    for _ in range(1000):
-        loop._observe_arrivals()
-    assert 150 <= len(polls) <= 200

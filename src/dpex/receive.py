@@ -30,6 +30,17 @@ _WAIT_SLICE_S = 1.0
 _OBSERVE_EVERY_S = 0.005
 
 
+def _spilled_answer(ask: Any, timeout: float) -> tuple[bool, int | None]:
+    """(answered, bytes) of a ``spilled_bytes`` call: (False, None) while it is out after
+    ``timeout``, (True, None) if it failed, or still was out after a ``timeout`` over 0."""
+    try:
+        return True, get(ask, timeout=timeout)
+    except GetTimeoutError:
+        return timeout > 0, None
+    except Exception:  # noqa: BLE001 - a process that died meanwhile: no figure
+        return True, None
+
+
 class Receive:
     """The receiving half of ``_RayDataLoaderIter`` (which sets the attributes used here)."""
 
@@ -63,18 +74,37 @@ class Receive:
             self._receive(target)
 
     def _read_spilled_bytes(self) -> None:
-        """At the epoch's end, while its processes are still its own: what Ray spilled
-        (``stats().store_spilled_bytes``), asked of one of its Ray processes, which reads it
-        over grpcio (``Worker.spilled_bytes``), once an epoch; None if none can say."""
+        """At the epoch's end, while its processes are still its own: ask what Ray spilled
+        (``stats().store_spilled_bytes``) of one of its Ray processes, which reads it over
+        grpcio (``Worker.spilled_bytes``), once an epoch, without waiting for the answer.
+        Ray asks every node's raylet for it, so waiting made the epoch's boundary grow with
+        the nodes (34 ms at one node, 368 ms at 32: benchmarks/scale_model.py). The answer
+        is taken at the next epoch's end, or when ``stats()`` is read (which waits for it
+        up to 10 s); None if none can say."""
+        if self._spilled_ask is not None:
+            done, spilled = _spilled_answer(self._spilled_ask, timeout=0.0)
+            if not done:
+                return  # the last epoch's question is still out: no second one
+            self._stats.store_spilled_bytes, self._stats.settle = spilled, None
+            self._spilled_ask = None
         if not self._store.capacities:
             return
         answered = [p for p in self._procs if not p.dead and p.ready_ref is None
                     and not isinstance(p.actor, LocalActor)]
         try:
-            spilled = get(answered[0].actor.spilled_bytes.remote(), timeout=10.0) if answered else None
-        except Exception:  # noqa: BLE001 - a process that died meanwhile: no figure this epoch
-            spilled = None
-        self._stats.store_spilled_bytes = spilled
+            ask = answered[0].actor.spilled_bytes.remote() if answered else None
+        except Exception:  # noqa: BLE001 - a process that died meanwhile: no figure
+            ask = None
+        if ask is None:
+            self._stats.store_spilled_bytes = None
+            return
+        self._spilled_ask, stats = ask, self._stats
+
+        def settle() -> None:  # holds the question and the stats, not this iterator
+            stats.store_spilled_bytes = _spilled_answer(ask, timeout=10.0)[1]
+            stats.settle = None
+
+        stats.settle = settle
 
     def _hand_out(self, task_id: int) -> tuple[TaskResult, int]:
         # With in_order=False, handed-out ids are skipped later by _next_result's scan.

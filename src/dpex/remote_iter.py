@@ -109,6 +109,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._persistent_workers = loader.persistent_workers
         self._options: WorkerOptions = loader.worker_options
         self._stats = loader._stats
+        self._spilled_ask = None  # Ray's spilled bytes, asked at an epoch's end (receive.py)
         self._loader_metrics = loader._metrics
         self._timeline = loader._timeline
         # The object store's share for results in flight (NOTE [ dpex Object Store Budget ]).

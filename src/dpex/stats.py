@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +171,9 @@ class LoaderStats:
     store_wait_s: float = 0.0
     store_spilled_bytes: int | None = None
     worker_cpu_s: float = 0.0
+    # Called before a snapshot: fills in a figure asked for without waiting (the spilled
+    # bytes, receive.py), so that stats() says what the last epoch's end asked.
+    settle: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def start_epoch(self) -> None:
         if self.started_at is None:
@@ -220,6 +224,8 @@ class LoaderStats:
         self.cluster_requests.append(ClusterRequest(self.elapsed(), cpus, processes, reason))
 
     def snapshot(self) -> StatsSnapshot:
+        if self.settle is not None:
+            self.settle()
         elapsed = self.elapsed()
         return StatsSnapshot(
             batches=self.batches,
