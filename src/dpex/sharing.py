@@ -74,8 +74,9 @@ class Sharing:
         key = self._share_keys.get(tasks[0][0])
         if key is None:  # not one of this epoch's keyed tasks: go on alone, in order
             return slot in self._stop_sharing("a task without a key")
+        previous = self._share_keys.get(tasks[0][0] - 1)  # links the hub's read-ahead
         try:
-            ref, made_here = stream.claim(key, slot, tasks, slot.after_ref)
+            ref, made_here = stream.claim(key, previous, slot, tasks, slot.after_ref)
         except (RayError, GetTimeoutError) as exc:
             stream.lost(f"its hub is gone ({type(exc).__name__})")
             return slot in self._stop_sharing(stream.stops[-1])
@@ -102,6 +103,7 @@ class Sharing:
         if not self._share_on:
             return set()
         self._share_on = False
+        self._share.drop_read_ahead()
         if why not in self._share.stops:
             self._share.stops.append(why)
         restarted: set[WorkerSlot] = set()

@@ -2,12 +2,15 @@
 entries, read in the background, and the entries it sends (NOTE [ dpex Cache Owner ] in
 owner.py; the lookup order is NOTE [ dpex Exact Cache ] in runtime.py).
 
-A process maps the entries it knows: it ``ray.get``s the new ones together as the owner
-lists them (in place, in the node's store: no copy), and keeps what it got, so that a hit
-is a dict lookup and a copy. A ``ray.get`` per hit cost 70 us on idle cores, and on 2 cores
-shared with the trainer and the raylet that answers it, a third of a worker's time (py-spy,
-a JPEG decode cached). A mapped entry pins its bytes in the store, within the tier's budget;
-the map is dropped when the process goes back to its pool and when the owner goes."""
+A process maps the blocks of entries it knows: it ``ray.get``s the new ones together as
+the owner lists them (in place, in the node's store: no copy), learns their keys from
+them, and keeps what it got, so that a hit is a dict lookup, its entry's parts taken out
+of its block in place, and a copy. A ``ray.get`` per hit cost 70 us on idle cores, and on
+2 cores shared with the trainer and the raylet that answers it, a third of a worker's
+time (py-spy, a JPEG decode cached). A mapped block pins its bytes in the store, within
+the tier's budget; the map is dropped when the process goes back to its pool and when the
+owner goes. Its index costs a process a key and an int per entry: the entries themselves
+stay in their blocks (benchmarks/scale_shared.py measures both at a million entries)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Any
 
 from dpex.cache import disk, entries
 from dpex.cache.options import Cache, user
-from dpex.cache.owner import existing_owner, owner_for
+from dpex.cache.owner import block_parts, existing_owner, owner_for, seal
 from dpex.placement import object_store_capacities
 
 _SYNC_S = 0.5  # how often a process reads its node owner's new entries
@@ -26,11 +29,13 @@ _GET_TIMEOUT_S = 10.0  # an entry not read in this long (its node is going): a m
 # answers in milliseconds; on a loaded machine it took over 0.2 s, and each lookup made
 # before its answer computed a sample the cache held (a later job computed a batch again).
 _FIRST_SYNC_S = 2.0
+_SPAN = 2**20  # an index entry is its block's number * _SPAN + its place in the block
+# (more than a block holds: owner.BLOCK_ENTRIES)
 
 
 class MemoryTier:
     """This process's view of its node owner's entries (owner.py: NOTE [ dpex Cache
-    Owner ]): an index of references, read in the background, and entries to send."""
+    Owner ]): an index of its blocks, read in the background, and entries to send."""
 
     def __init__(self, node: str, name: str, label: str, options: Cache) -> None:
         self._name, self._label, self._node = name, label, node
@@ -40,9 +45,11 @@ class MemoryTier:
         # The node's owner: one that runs (an earlier epoch's, loader's or job's), else one
         # started with the first entry to keep (none for a stage refused or recomputed).
         self._owner: Any = None
-        self._index: dict[str, list[Any]] = {}
-        self._mapped: dict[str, Any] = {}  # key -> the entry as read from the store
-        self._seen = 0
+        self._index: dict[str, int] = {}  # key -> where (_SPAN), of the blocks read so far
+        self._refs: dict[int, Any] = {}  # block number -> its reference, while it is there
+        self._mapped: dict[int, tuple] = {}  # block number -> the block as read from the store
+        self._seen = 0  # blocks listed by the owner so far
+        self._indexed = 0  # blocks whose keys are in the index (in order: later ones win)
         self._sent_bytes = 0
         self._pending: list[tuple[str, Any, int]] = []
         self._asked: Any = None
@@ -54,39 +61,54 @@ class MemoryTier:
         from ray.exceptions import GetTimeoutError, ObjectLostError
 
         self.poll()
-        stored = self._mapped.get(key, disk.MISS)
-        box = self._index.get(key)
-        if not disk.is_miss(stored) or box is None:
-            return stored
-        try:
-            parts = ray.get(box[0], timeout=_GET_TIMEOUT_S)
-        except (ObjectLostError, GetTimeoutError):  # its owner or node went: a miss
-            del self._index[key]
+        where = self._index.get(key)
+        if where is None:
             return disk.MISS
-        stored = self._mapped[key] = entries.from_parts(parts)
-        return stored
+        number, position = divmod(where, _SPAN)
+        block = self._mapped.get(number)
+        if block is None:  # let go of (unmap), or its block is gone
+            ref = self._refs.get(number)
+            if ref is None:
+                return disk.MISS
+            try:
+                block = self._mapped[number] = ray.get(ref, timeout=_GET_TIMEOUT_S)
+            except (ObjectLostError, GetTimeoutError):  # its owner or node went: a miss
+                del self._refs[number]
+                return disk.MISS
+        return entries.from_parts(block_parts(block, position))
 
     def unmap(self) -> None:
-        """Let go of the entries read in place (this process goes back to its pool)."""
+        """Let go of the blocks read in place (this process goes back to its pool)."""
         self._mapped = {}
 
     def _map(self) -> None:
-        """Read the known entries not read yet, in one ``ray.get``; any that fails (its
-        owner or node going) is left to ``get``, which counts it a miss."""
+        """Read the listed blocks not read yet, in one ``ray.get``, and index the keys of
+        the new ones, in order; blocks that fail to read (their owner or node going) are
+        dropped: their entries are misses."""
         import ray
         from ray.exceptions import GetTimeoutError, ObjectLostError
 
-        keys = [key for key in self._index if key not in self._mapped]
-        if not keys:
+        numbers = sorted(n for n in self._refs if n not in self._mapped)
+        if not numbers:
             return
         try:
-            values = ray.get([self._index[key][0] for key in keys], timeout=_GET_TIMEOUT_S)
+            blocks = ray.get([self._refs[n] for n in numbers], timeout=_GET_TIMEOUT_S)
         except (ObjectLostError, GetTimeoutError):
+            for number in numbers:
+                del self._refs[number]
+            self._indexed = max(self._indexed, numbers[-1] + 1)
             return
-        self._mapped.update((key, entries.from_parts(parts)) for key, parts in zip(keys, values))
+        for number, block in zip(numbers, blocks):
+            self._mapped[number] = block
+            if number >= self._indexed:  # a key in a later block replaces it in an earlier
+                keys = block[0]
+                self._index.update(zip(keys, range(number * _SPAN, number * _SPAN + len(keys))))
+                self._indexed = number + 1
 
     def has(self, key: str) -> bool:
-        return key in self._index or any(item[0] == key for item in self._pending)
+        where = self._index.get(key)
+        return ((where is not None and where // _SPAN in self._refs)
+                or any(item[0] == key for item in self._pending))
 
     def put(self, key: str, stored: Any, replace: bool = False) -> int:
         """Send ``stored`` to the node's owner; ``replace``: in place of a stale entry
@@ -107,9 +129,9 @@ class MemoryTier:
     def probe_read(self, key: str, stored: Any) -> float:
         import ray
 
-        ref = ray.put(entries.to_parts(stored))
+        ref = ray.put(seal([(key, entries.to_parts(stored))]))
         started = time.perf_counter()
-        entries.unpack(entries.from_parts(ray.get(ref)))
+        entries.unpack(entries.from_parts(block_parts(ray.get(ref), 0)))
         return time.perf_counter() - started
 
     def send(self) -> None:
@@ -133,13 +155,13 @@ class MemoryTier:
         if now - self._asked_at < 0.02 or not ray.wait([self._asked], timeout=0)[0]:
             return
         try:
-            self._seen, new, full = ray.get(self._asked)
+            count, new, full = ray.get(self._asked)
         except RayActorError:  # removed (dpex cache rm) or expired: no memory tier now
-            self._index, self._mapped, self.full, self._asked = {}, {}, True, None
+            self._index, self._refs, self._mapped, self.full, self._asked = {}, {}, {}, True, None
             return
-        for key in new.keys() & self._mapped.keys():  # replaced: read the new one
-            del self._mapped[key]
-        self._index.update(new)
+        for offset, box in enumerate(new):
+            self._refs[self._seen + offset] = box[0]
+        self._seen = count
         self.full = self.full or full
         self._asked = None
         self._map()

@@ -10,9 +10,11 @@ no CPU, pinned to its node, named ``<user>/<namespace>/<node id>`` in the Ray na
 ``dpex-cache``.
 * A worker that computed entries sends them to its node's owner (``put``, several at a
   time). The owner admits each once, while they fit its budget (``memory_share`` of the
-  node's store), and ``ray.put``s it: the owner's own object, on its node.
-* Workers read the owner's admitted entries as object references (``updates``, polled
-  without blocking the worker's tasks) and ``ray.get`` them: on the node, in place.
+  node's store), into its next block (below), which it ``ray.put``s: the owner's own
+  object, on its node.
+* Workers read the owner's admitted entries as the references of its blocks (``updates``,
+  polled without blocking the worker's tasks; below) and ``ray.get`` them: on the node,
+  in place.
 * A node that leaves takes its owner and entries with it; an owner killed (``dpex cache
   rm``) or expired takes its entries with it. A reference to an entry that is gone fails
   to ``ray.get``: a miss, recomputed with the same bits.
@@ -22,6 +24,24 @@ no CPU, pinned to its node, named ``<user>/<namespace>/<node id>`` in the Ray na
   an entry reaches it as bytes and numpy arrays (``entries.to_parts``). Its process starts
   during the hand-over to Ray, on cores the loop is using, and importing dpex (torch with
   it) there cost 1.2 s of CPU.
+
+Entries in blocks
+  A Ray object costs its owner, and every process that maps it, a fixed amount besides its
+  bytes. With one object per entry (measured on a 2-core machine, benchmarks/results/
+  scale-shared.md) the owner took 6 KB of memory and 0.7 ms of CPU per entry, and a new
+  worker process 8 KB and 90 us per entry to read the index: at 1.28M small entries, 7 GB,
+  10 GB and two minutes per worker process. So the owner keeps its entries in *blocks*
+  (at 1.28M entries: 0.55 KB and 0.6 KB per entry, a worker's read 2 s; the owner's
+  admission, a ``put`` call of 16 entries in about 1 ms of its CPU, is then its limit,
+  some 15,000 entries/s per node). A block is the entries admitted since the last
+  block, sealed into one object (``seal``) when a worker asks for the index (``updates``)
+  or when they reach ``BLOCK_ENTRIES`` or ``BLOCK_BYTES``. A block holds the entries' keys,
+  their pickled parts in one byte string and their arrays in one buffer (each at a 64-byte
+  boundary): a reader maps it in place with one ``ray.get``, and takes one entry's parts
+  out of it (``block_parts``) as a hit needs them, in place. ``updates(since)`` lists the
+  blocks after the first ``since``; a key in a later block replaces it in an earlier one
+  (an entry made stale by a file it read). A replaced entry's bytes stay in their block
+  while the block lives.
 """
 
 from __future__ import annotations
@@ -34,6 +54,9 @@ from typing import Any
 from dpex.cache.policy import Budget
 
 RAY_NAMESPACE = "dpex-cache"
+BLOCK_ENTRIES = 1024  # entries sealed into one block at most
+BLOCK_BYTES = 64 * 2**20  # a block is sealed once its entries' arrays take this much
+_ALIGN = 64  # each array of a block starts at a multiple of this
 
 
 class CacheOwner:
@@ -42,28 +65,39 @@ class CacheOwner:
     def __init__(self, namespace: str, stage: str, limit: int, ttl_s: float) -> None:
         self._namespace, self._stage, self._ttl_s = namespace, stage, ttl_s
         self._budget = Budget(limit)
-        self._entries: dict[str, Any] = {}
-        self._order: list[str] = []  # admission order: ``updates(since)`` reads from here
+        self._keys: set[str] = set()  # every key admitted
+        self._blocks: list[Any] = []  # the sealed blocks' references, in order
+        self._pending: list[tuple[str, Any]] = []  # admitted, not sealed yet: (key, parts)
+        self._pending_bytes = 0
         self._created = self._last_use = time.time()
         threading.Thread(target=self._expire, daemon=True, name="dpex-cache-ttl").start()
 
     def put(self, items: list[tuple[str, Any, int, bool]]) -> None:
         """Admit entries: each once, the first of two for one key, unless the later one
         replaces a stale entry (a file it read changed: reads.py)."""
-        import ray
-
         self._last_use = time.time()
         for key, stored, nbytes, replace in items:
-            if (key not in self._entries or replace) and self._budget.admit(nbytes):
-                self._entries[key] = ray.put(stored)
-                self._order.append(key)  # again, if replaced: readers map the new one
+            if (key not in self._keys or replace) and self._budget.admit(nbytes):
+                self._keys.add(key)
+                self._pending.append((key, stored))
+                self._pending_bytes += nbytes
+                if len(self._pending) >= BLOCK_ENTRIES or self._pending_bytes >= BLOCK_BYTES:
+                    self._seal()
 
-    def updates(self, since: int) -> tuple[int, dict[str, list[Any]], bool]:
-        """Entries admitted after the first ``since``: (count now, key -> [reference],
-        whether the budget is full). A reference travels in a list, so Ray passes it as is."""
+    def updates(self, since: int) -> tuple[int, list[list[Any]], bool]:
+        """The blocks after the first ``since`` (the entries admitted so far sealed into
+        one first): (blocks now, [[reference]], whether the budget is full). A reference
+        travels in a list, so Ray passes it as is."""
         self._last_use = time.time()
-        new = {key: [self._entries[key]] for key in self._order[since:]}
-        return len(self._order), new, self._budget.full
+        self._seal()
+        return len(self._blocks), [[ref] for ref in self._blocks[since:]], self._budget.full
+
+    def _seal(self) -> None:
+        import ray
+
+        if self._pending:
+            self._blocks.append(ray.put(seal(self._pending)))
+            self._pending, self._pending_bytes = [], 0
 
     def describe(self) -> dict[str, Any]:
         import os
@@ -72,7 +106,8 @@ class CacheOwner:
 
         return {"namespace": self._namespace, "stage": self._stage,
                 "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "entries": len(self._entries), "bytes": self._budget.used,
+                "entries": len(self._keys), "blocks": len(self._blocks),
+                "bytes": self._budget.used,
                 "limit": self._budget.limit, "full": self._budget.full,
                 "created": self._created, "last_use": self._last_use, "ttl_s": self._ttl_s}
 
@@ -86,6 +121,40 @@ class CacheOwner:
                 ray.kill(me, no_restart=True)
                 return
             time.sleep(min(self._ttl_s - idle + 0.05, 60.0))
+
+
+def seal(items: list[tuple[str, tuple[bytes, list[Any]]]]) -> tuple:
+    """Entries ``(key, (pickled, [uint8 arrays]))`` (``entries.to_parts``) as one block:
+    (keys, the pickled parts end to end, where each ends, the arrays in one buffer, each
+    array's (start, end) in it, how many arrays the entries up to each one have)."""
+    import numpy as np
+
+    spans, array_ends, size = [], [], 0
+    for _, (_, arrays) in items:
+        for array in arrays:
+            start = -(-size // _ALIGN) * _ALIGN
+            size = start + array.nbytes
+            spans.append((start, size))
+        array_ends.append(len(spans))
+    data = np.empty(size, dtype=np.uint8)
+    arrays = [array for _, (_, each) in items for array in each]
+    for (start, end), array in zip(spans, arrays):
+        data[start:end] = array.reshape(-1).view(np.uint8)
+    pickled = [parts[0] for _, parts in items]
+    return ([key for key, _ in items], np.frombuffer(b"".join(pickled), dtype=np.uint8),
+            np.cumsum([len(p) for p in pickled], dtype=np.int64), data,
+            np.array(spans, dtype=np.int64).reshape(-1, 2),
+            np.array(array_ends, dtype=np.int64))
+
+
+def block_parts(block: tuple, position: int) -> tuple[bytes, list[Any]]:
+    """The parts of a block's entry ``position``: its arrays are views of the block's."""
+    _, pickled, pickled_ends, data, spans, array_ends = block
+    first = int(pickled_ends[position - 1]) if position else 0
+    first_array = int(array_ends[position - 1]) if position else 0
+    arrays = [data[int(start):int(end)]
+              for start, end in spans[first_array:int(array_ends[position])]]
+    return pickled[first:int(pickled_ends[position])].tobytes(), arrays
 
 
 def owner_name(user: str, namespace: str, node_id: str) -> str:

@@ -2,7 +2,9 @@
 
 One per loader (``DataLoader(share=...)``), across its iterators; the iterator asks it
 for claims (NOTE [ dpex Shared Stream ], hub.py). Its hub is told when the loader goes
-(deleted, or its process ends); the last loader to go ends the hub.
+(deleted, or its process ends); the last loader to go ends the hub. It registers its
+logical workers' slots with the hub as they change, and keeps the references a claim
+read ahead, claiming those keys from itself (the NOTE's "What a call costs").
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class SharedStream:
         self.computed = 0  # batches this loader's workers made for the stream
         self.stops: list[str] = []  # why an iterator stopped sharing
         self.epoch = -1  # the loader's epochs so far: a task's position is (epoch, task id)
+        self.calls = 0  # claims sent to the hub (the others were read ahead)
+        self._token = os.urandom(8).hex()  # names this loader's slots at the hub
+        self._registered: dict[int, tuple[Any, int, Any]] = {}  # worker id -> as registered
+        self._ahead: dict[bytes, Any] = {}  # key -> reference, read ahead by the last call
         self._release = None
 
     def attach(self, components: dict[str, str], node_id: str | None,
@@ -49,7 +55,8 @@ class SharedStream:
         self.hub = hub_for(user(), self.name, int(self.window_share * store_bytes), node_id)
         self._attached = self.hub.attach.remote(components)
         self.differs = None
-        self._release = weakref.finalize(self, _detach, self.hub, os.getpid())
+        self._registered, self._ahead = {}, {}
+        self._release = weakref.finalize(self, _detach, self.hub, self._token, os.getpid())
         atexit.register(self._release)
 
     def forget_session(self) -> None:
@@ -79,21 +86,46 @@ class SharedStream:
                     "the cache)", stacklevel=3)
         return True
 
-    def claim(self, key: bytes, slot: Any, tasks: list[tuple[int, Any]],
-              after: Any) -> tuple[Any, bool]:
-        """(the reference of ``key``'s batch, whether ``slot``'s own worker makes it).
-        Raises Ray's error if the hub is gone, or does not answer within
-        ``_ATTACH_TIMEOUT_S`` (its node is lost, say)."""
-        refs, produced = ray.get(self.hub.claim.remote(
-            key, slot.actor, slot.worker_id, tasks, slot.generation,
-            [after] if after is not None else [],
-            [slot.barrier] if slot.barrier is not None else [], (self.epoch, tasks[0][0]),
+    def claim(self, key: bytes, previous: bytes | None, slot: Any,
+              tasks: list[tuple[int, Any]], after: Any) -> tuple[Any, bool]:
+        """(the reference of ``key``'s batch, whether ``slot``'s own worker makes it);
+        ``previous``: the key this loader claimed before (None: the epoch's first). A key
+        the last call read ahead is claimed here, with no call. Raises Ray's error if the
+        hub is gone, or does not answer within ``_ATTACH_TIMEOUT_S`` (its node is lost,
+        say)."""
+        ref = self._ahead.pop(key, None)
+        if ref is not None:
+            self.from_stream += 1
+            return ref, False
+        self._register(slot)
+        self.calls += 1
+        refs, produced, ahead = ray.get(self.hub.claim.remote(
+            key, previous, (self._token, slot.worker_id), tasks,
+            [after] if after is not None else [], (self.epoch, tasks[0][0]),
             self.batch_bytes), timeout=_ATTACH_TIMEOUT_S)
+        self._ahead = {k: box[0] for k, box in ahead.items()}
         if produced:
             self.computed += 1
         else:
             self.from_stream += 1
         return refs[0], produced
+
+    def _register(self, slot: Any) -> None:
+        """Tell the hub what ``slot``'s claims compute with, if that changed since it was
+        told (sent ahead of the claim, not waited for: the hub runs them in order)."""
+        known = self._registered.get(slot.worker_id)
+        if (known is not None and known[0] is slot.actor and known[1] == slot.generation
+                and known[2] is slot.barrier):
+            return
+        self.hub.register.remote((self._token, slot.worker_id), slot.actor, slot.worker_id,
+                                 slot.generation,
+                                 [slot.barrier] if slot.barrier is not None else [])
+        self._registered[slot.worker_id] = (slot.actor, slot.generation, slot.barrier)
+
+    def drop_read_ahead(self) -> None:
+        """Let go of the batches read ahead (an iterator goes on alone: they would stay
+        pinned in the store until the next call)."""
+        self._ahead = {}
 
     def measured(self, nbytes: int) -> None:
         """A batch of this loader took ``nbytes`` in the object store."""
@@ -102,6 +134,8 @@ class SharedStream:
                                 else 0.9 * self.batch_bytes + 0.1 * nbytes)
 
     def forget(self, keys: list[bytes]) -> None:
+        for key in keys:
+            self._ahead.pop(key, None)
         if self.hub is not None and keys:
             try:
                 self.hub.forget.remote(keys)
@@ -114,11 +148,13 @@ class SharedStream:
         if self._release is not None:
             self._release.detach()
         self.hub = self._attached = self._release = None
+        self._registered, self._ahead = {}, {}
 
     def close(self) -> None:
         if self._release is not None:
             self._release()
         self.hub = self._attached = self._release = None
+        self._registered, self._ahead = {}, {}
 
     def describe(self) -> dict[str, Any]:
         """What ``loader.stats().share`` shows."""
@@ -127,13 +163,13 @@ class SharedStream:
                 "stops": list(self.stops)}
 
 
-def _detach(hub: Any, owner_pid: int) -> None:
+def _detach(hub: Any, token: str, owner_pid: int) -> None:
     """Leave the stream; the last loader to leave ends the hub. Only in the process that
     attached (a forked child collecting the trainer's garbage must not call its Ray)."""
     if owner_pid != os.getpid() or not ray.is_initialized():
         return
     try:
-        if ray.get(hub.detach.remote(), timeout=5) == 0:
+        if ray.get(hub.detach.remote(token), timeout=5) == 0:
             ray.kill(hub, no_restart=True)
     except Exception:  # noqa: BLE001 - a hub that is gone needs nothing
         pass
