@@ -251,7 +251,7 @@ def test_the_scale_benchmark_runs_at_a_tiny_size(ray_local, tmp_path, capsys):
     bench = _load_bench()
     assert bench.main(["all", "--callers", "1", "2", "--processes", "1", "--claims", "12",
                        "--repeats", "1", "--floor-calls", "20", "--sizes", "64", "128",
-                       "--out", str(out)]) == 0
+                       "--read-timeout", "60", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     written = out.read_text()
     for title in ("Ray's floor", "hub, callers free", "hub, callers paced", "owner: N entries"):

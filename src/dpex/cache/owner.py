@@ -157,8 +157,13 @@ def block_parts(block: tuple, position: int) -> tuple[bytes, list[Any]]:
     return pickled[first:int(pickled_ends[position])].tobytes(), arrays
 
 
+# In the owner's name: an owner of an earlier layout (one Ray object per entry), still alive
+# on a cluster until its TTL, is never asked for blocks. `dpex cache ls/rm` find both.
+LAYOUT = "blocks"
+
+
 def owner_name(user: str, namespace: str, node_id: str) -> str:
-    return f"{user}/{namespace}/{node_id}"
+    return f"{user}/{namespace}/{node_id}/{LAYOUT}"
 
 
 def existing_owner(user: str, namespace: str, node_id: str) -> Any:
