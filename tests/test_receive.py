@@ -67,3 +67,13 @@ def test_the_epoch_end_asks_for_rays_spilled_bytes_without_waiting(monkeypatch):
     assert (asks, timeouts) == ([1], [0.0])  # looked, no second question
     assert stats.snapshot().store_spilled_bytes == 123
     assert timeouts[-1] == 10.0 and stats.settle is None
+
+
+def test_stats_with_a_question_out_still_copy_and_pickle():
+    import copy
+    import pickle
+
+    stats = LoaderStats()
+    stats.settle = lambda: None  # a closure over an ObjectRef, as the epoch's end sets it
+    for clone in (copy.deepcopy(stats), pickle.loads(pickle.dumps(stats))):
+        assert clone.settle is None and clone.batches == stats.batches

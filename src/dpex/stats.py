@@ -175,6 +175,10 @@ class LoaderStats:
     # bytes, receive.py), so that stats() says what the last epoch's end asked.
     settle: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
+    def __getstate__(self) -> dict:
+        # A copy or a pickle of the loader carries the figures, not a question to Ray.
+        return {**self.__dict__, "settle": None}
+
     def start_epoch(self) -> None:
         if self.started_at is None:
             self.started_at = time.perf_counter()
