@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(PY) examples/accuracy_table.py --setups single --epochs 2 --head-address embedded
+	$(PY) examples/accuracy_table.py --setups single --epochs 2 --repeats 3 --head-address embedded
 
 # The suite in two tiers, each on two pytest-xdist processes that take a test module at a
 # time, longest first (tests/conftest.py: NOTE [ The `ray start` record under parallel

@@ -12,8 +12,9 @@ terminal starts a command), ended one of seven ways:
   ``sigkill`` (to the script's process alone, as Kubernetes, SLURM and the OOM killer send
   them): sent once the script is in its second epoch (the clock starts at the signal).
 
-"Left" counts the processes still alive 10 s after the script exited: those of its session,
-and any process, wherever it is, that names one of the run's Ray session directories.
+"Left" counts the processes still alive 10 s after the script exited: those of its session
+and of the sessions its processes started (its embedded Ray runs in one of its own), and
+any process, wherever it is, that names one of the run's Ray session directories.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def run(end: str, *, loader: str = "dpex", framework: str = "plain", handler: bo
                             preexec_fn=_as_a_terminal_starts_it)
     lines: list[str] = []
     seen: set[str] = set()
+    sessions = {proc.pid}  # the script's, and its embedded Ray's once seen
     marks: dict[str, float] = {}
 
     def read() -> None:  # the output, until every process holding the pipe has closed it
@@ -75,7 +77,8 @@ def run(end: str, *, loader: str = "dpex", framework: str = "plain", handler: bo
             if line.startswith("ENDING "):
                 marks["ending"] = float(line.split()[1])
             elif line.startswith("READY") and end in SIGNALS and "ending" not in marks:
-                seen.update(_session_dirs(proc.pid))
+                sessions.update(run_sessions(sessions))
+                seen.update(_session_dirs(sessions))
                 marks["ending"] = time.time()
                 if end == "sigint":
                     os.killpg(proc.pid, signal.SIGINT)
@@ -86,13 +89,14 @@ def run(end: str, *, loader: str = "dpex", framework: str = "plain", handler: bo
     reader.start()
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
-        seen.update(_session_dirs(proc.pid))
+        sessions.update(run_sessions(sessions))
+        seen.update(_session_dirs(sessions))
         time.sleep(0.1)
     exited_at = time.time()
     hung = proc.poll() is None
-    gone_s, left = _wait_until_gone(proc.pid, seen, left_after_s)
+    gone_s, left = _wait_until_gone(sessions, seen, left_after_s)
     if hung or left:
-        _kill_everything(proc.pid, seen)
+        _kill_everything(sessions, seen)
         proc.wait()
     reader.join(5.0)
     ending_at = marks.get("ending")
@@ -110,46 +114,72 @@ def _as_a_terminal_starts_it() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
-def _session_dirs(sid: int) -> set[str]:
-    """The Ray session directories named by the processes of session ``sid``."""
+def _session_dirs(sessions: set[int]) -> set[str]:
+    """The Ray session directories named by the processes of ``sessions``."""
     found = set()
     for p in _processes():
-        if p[1] == sid:
-            found.update(_SESSION_DIR.findall(p[2]))
+        if p.sid in sessions:
+            found.update(_SESSION_DIR.findall(p.command))
     return found
 
 
-def _processes() -> list[tuple[int, int, str]]:
-    """(pid, session id, command line) of every process on this machine."""
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    ppid: int
+    sid: int
+    command: str
+
+
+def _processes() -> list[_Process]:
+    """Every process on this machine."""
     out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
         try:
-            out.append((p.pid, os.getsid(p.pid), " ".join(p.info["cmdline"] or [])))
+            out.append(_Process(p.pid, p.info["ppid"], os.getsid(p.pid),
+                                " ".join(p.info["cmdline"] or [])))
         except (psutil.Error, ProcessLookupError, PermissionError):
             continue
     return out
 
 
-def run_processes(sid: int, session_dirs: set[str]) -> list[str]:
-    """'pid command' of the processes of a run: in its session, or naming its Ray dirs."""
-    return [f"{pid} {cmd[:120]}" for pid, s, cmd in _processes()
-            if pid != os.getpid() and (s == sid or any(d in cmd for d in session_dirs))]
+def run_sessions(sessions: set[int]) -> set[int]:
+    """``sessions`` and the sessions a process of them started (dpex's embedded Ray runs in
+    one of its own: its helper, a child of the trainer, leads it), seen now."""
+    processes = _processes()
+    sid_of = {p.pid: p.sid for p in processes}
+    found = set(sessions)
+    grew = True
+    while grew:
+        grew = False
+        for p in processes:
+            if p.pid == p.sid and p.sid not in found and sid_of.get(p.ppid) in found:
+                found.add(p.sid)
+                grew = True
+    return found
 
 
-def _wait_until_gone(sid: int, session_dirs: set[str], limit_s: float
+def run_processes(sessions: set[int], session_dirs: set[str]) -> list[str]:
+    """'pid command' of the processes of a run: in its sessions, or naming its Ray dirs."""
+    return [f"{p.pid} {p.command[:120]}" for p in _processes()
+            if p.pid != os.getpid()
+            and (p.sid in sessions or any(d in p.command for d in session_dirs))]
+
+
+def _wait_until_gone(sessions: set[int], session_dirs: set[str], limit_s: float
                      ) -> tuple[float, list[str]]:
     started = time.monotonic()
     while True:
-        left = run_processes(sid, session_dirs)
+        left = run_processes(sessions, session_dirs)
         waited = time.monotonic() - started
         if not left or waited >= limit_s:
             return (waited if not left else float("inf")), left
         time.sleep(0.25)
 
 
-def _kill_everything(sid: int, session_dirs: set[str]) -> None:
+def _kill_everything(sessions: set[int], session_dirs: set[str]) -> None:
     """SIGKILL what a run left (its processes by id: never `ray stop`)."""
-    for entry in run_processes(sid, session_dirs):
+    for entry in run_processes(sessions, session_dirs):
         try:
             os.kill(int(entry.split()[0]), signal.SIGKILL)
         except ProcessLookupError:

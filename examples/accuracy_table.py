@@ -3,8 +3,8 @@
     python examples/accuracy_table.py --epochs 10 --out examples/accuracy_table.md
 
 Runs single device, DataParallel and DDP (``torchrun``, ``--nproc`` ranks), each with
-``distribute_mode`` True and False and the same seed, each as its own process exactly as a
-user would start it. Then it prints a markdown table like the Dpex README's, and compares
+``distribute_mode`` True and False and the same seed (``--repeats`` times each, the modes
+taking turns to go first), each as its own process exactly as a user would start it. Then it prints a markdown table like the Dpex README's, and compares
 the runs of each setup step by step: with the same seed, the two modes must produce the
 same loss at every optimiser step and the same final weights, bit for bit. The exit status
 is 1 if any pair differs.
@@ -16,6 +16,7 @@ import argparse
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     records: list[RunRecord] = []
     with tempfile.TemporaryDirectory() as tmp:
         for key in args.setups:
-            for mode in (True, False):
-                path = os.path.join(tmp, f"{key}-{mode}.json")
-                command = _command(key, mode, args, path)
-                print(f"\n$ {shlex.join(command)}", flush=True)
-                subprocess.run(command, check=True)
-                records.append(RunRecord.read_json(path))
+            for repeat in range(args.repeats):
+                # Each mode first in turn: neither always meets the cold caches.
+                for mode in (True, False) if repeat % 2 == 0 else (False, True):
+                    path = os.path.join(tmp, f"{key}-{mode}-{repeat}.json")
+                    command = _command(key, mode, args, path)
+                    print(f"\n$ {shlex.join(command)}", flush=True)
+                    subprocess.run(command, check=True)
+                    records.append(RunRecord.read_json(path))
     checks = compare_modes(records)
     text = build_markdown(records, checks, _reproduce_command(argv))
     print("\n" + text)
@@ -71,24 +74,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare_modes(records: list[RunRecord]) -> list[ModeCheck]:
-    """For each setup run in both modes: are the step losses and final weights identical?"""
+    """For each setup run in both modes: are the step losses and final weights of every run
+    (every repeat, both modes) identical to those of its first run with ``True``?"""
     checks = []
     for setup in dict.fromkeys(r.setup for r in records):
-        by_mode = {r.distribute_mode: r for r in records if r.setup == setup}
-        if set(by_mode) != {True, False}:
+        runs = [r for r in records if r.setup == setup]
+        if {r.distribute_mode for r in runs} != {True, False}:
             continue
-        on, off = by_mode[True], by_mode[False]
-        a = [x for rank in on.step_losses for x in rank]
-        b = [x for rank in off.step_losses for x in rank]
-        diffs = [abs(x - y) for x, y in zip(a, b)]
-        checks.append(ModeCheck(
-            setup=setup,
-            steps=len(a),
-            identical_steps=len(a) == len(b) and a == b,
-            max_abs_diff=max(diffs, default=0.0) if len(a) == len(b) else float("inf"),
-            identical_weights=on.weights_sha == off.weights_sha,
-        ))
+        first = next(r for r in runs if r.distribute_mode)
+        a = [x for rank in first.step_losses for x in rank]
+        same_steps, same_weights, worst = True, True, 0.0
+        for other in runs:
+            b = [x for rank in other.step_losses for x in rank]
+            same_steps = same_steps and len(a) == len(b) and a == b
+            worst = max(worst, max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+                        if len(a) == len(b) else float("inf"))
+            same_weights = same_weights and other.weights_sha == first.weights_sha
+        checks.append(ModeCheck(setup=setup, steps=len(a), identical_steps=same_steps,
+                                max_abs_diff=worst, identical_weights=same_weights))
     return checks
+
+
+def throughput(record: RunRecord) -> float:
+    """Samples/s over every epoch of a run, the first included."""
+    return (sum(e.samples_per_s * e.seconds for e in record.log)
+            / sum(e.seconds for e in record.log))
+
+
+def _spread(values: list[float]) -> str:
+    """The median, and [min-max] where there are several."""
+    middle = f"{statistics.median(values):.0f}"
+    return middle if len(values) == 1 else f"{middle} [{min(values):.0f}-{max(values):.0f}]"
 
 
 def build_markdown(records: list[RunRecord], checks: list[ModeCheck], command: str) -> str:
@@ -101,35 +117,49 @@ def build_markdown(records: list[RunRecord], checks: list[ModeCheck], command: s
         f"Reproduce: `{command}`",
         "",
         "| Accuracy (%) | Loss | Setup | distribute_mode | Epochs | Learning rate | Batch size "
-        "| Loss curve (sha256) | Final weights (sha256) | Samples/s | Data stall (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| Loss curve (sha256) | Final weights (sha256) | Samples/s, all epochs "
+        "| Samples/s, each epoch | Data stall (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in records:
-        last = r.log[-1]
+    for key in dict.fromkeys((r.setup, r.distribute_mode) for r in records):
+        runs = [r for r in records if (r.setup, r.distribute_mode) == key]
+        r, last = runs[0], runs[0].log[-1]
         setup = r.setup + (f" ({r.world_size} ranks)" if r.world_size > 1 else "")
-        throughput = sum(e.samples_per_s for e in r.log[1:] or r.log) / len(r.log[1:] or r.log)
-        stall = sum(e.wait_s for e in r.log)
+        each = ", ".join(_spread([run.log[e].samples_per_s for run in runs])
+                         for e in range(len(r.log)))
+        stall = statistics.median(sum(e.wait_s for e in run.log) for run in runs)
         lines.append(
             f"| {100 * last.test_acc:.2f} | {last.train_loss:.4f} | {setup} | {r.distribute_mode} "
             f"| {r.epochs} | {r.lr:g} | {r.batch_size} | `{r.loss_curve_sha}` "
-            f"| `{r.weights_sha}` | {throughput:.0f} | {stall:.1f} |"
+            f"| `{r.weights_sha}` | {_spread([throughput(run) for run in runs])} | {each} "
+            f"| {stall:.1f} |"
         )
+    firsts = [next(r for r in records if (r.setup, r.distribute_mode) == key)
+              for key in dict.fromkeys((r.setup, r.distribute_mode) for r in records)]
+    repeats = max(sum(1 for r in records if (r.setup, r.distribute_mode) == key)
+                  for key in {(r.setup, r.distribute_mode) for r in records})
     lines += [
         "",
         "Accuracy and loss on the held-out test images; Loss is the training loss of the last "
         "epoch. The loss-curve hash covers the loss of every optimiser step (of every rank), "
-        "as float64. Samples/s averages the epochs after the first (which includes starting "
-        "the workers); data stall is the time the training loop waited for the loader, over "
-        "all epochs. Both depend on the machine; on a CPU-only machine training competes with "
-        "the workers for the same cores.",
+        "as float64. Samples/s, all epochs: the training samples of every epoch over the "
+        "seconds they took, the first epoch included (a cold process: it starts the workers "
+        "and, with distribute_mode=True, Ray); each epoch's figure follows, first to last. "
+        "Data stall is the time the training loop waited for the loader, over all epochs. "
+        + (f"Each setup ran {repeats} times per mode, each a fresh process, the modes "
+           "alternating which ran first; figures are medians [min-max] over the runs. "
+           if repeats > 1 else "")
+        + "Both depend on the machine; on a CPU-only machine training competes with the "
+        "workers for the same cores.",
         "",
-        "Training loss per epoch, every digit:",
+        "Training loss per epoch, every digit (of each setup and mode's first run; the "
+        "check below compares every run):",
         "",
-        "| Epoch | " + " | ".join(f"{r.setup}, {r.distribute_mode}" for r in records) + " |",
-        "| --- |" + " --- |" * len(records),
+        "| Epoch | " + " | ".join(f"{r.setup}, {r.distribute_mode}" for r in firsts) + " |",
+        "| --- |" + " --- |" * len(firsts),
     ]
-    for i in range(max(len(r.log) for r in records)):
-        cells = [repr(r.log[i].train_loss) if i < len(r.log) else "" for r in records]
+    for i in range(max(len(r.log) for r in firsts)):
+        cells = [repr(r.log[i].train_loss) if i < len(r.log) else "" for r in firsts]
         lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
     lines += ["", "distribute_mode True vs False, same seed:", ""]
     for c in checks:
@@ -174,6 +204,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="passed to each example ('embedded' for the embedded Ray)")
     parser.add_argument("--data-dir", default="data")
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per setup and mode, each mode first in turn")
     parser.add_argument("--out", default=None, help="also write the markdown here")
     args = parser.parse_args(argv)
     args.setups = [s.strip() for s in args.setups.split(",") if s.strip()]

@@ -162,10 +162,10 @@ def alive_actor_count(class_name: str = "Worker") -> int:
     return len(_list_actors(class_name, alive_only=True))
 
 
-def leftovers(sid: int, ray_sessions: set[str]) -> list[str]:
+def leftovers(sessions: set[int], ray_sessions: set[str]) -> list[str]:
     """What is still alive of an exited run, up to benchmarks/ending.py's 10 s after: any
-    process of its process session ``sid``, or naming one of its Ray sessions. Killed (by
-    pid, never ``ray stop``) before returning."""
+    process of its process ``sessions`` (its own, and its embedded Ray's), or naming one of
+    its Ray sessions. Killed (by pid, never ``ray stop``) before returning."""
     import os
     import signal
     import sys
@@ -174,7 +174,7 @@ def leftovers(sid: int, ray_sessions: set[str]) -> list[str]:
     import ending
 
     def alive() -> list[str]:
-        return ending.run_processes(sid, ray_sessions)
+        return ending.run_processes(sessions, ray_sessions)
 
     if wait_until(lambda: not alive(), timeout=ending.LEFT_AFTER_S, interval=0.25):
         return []

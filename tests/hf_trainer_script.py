@@ -97,7 +97,8 @@ def loader_facts(prepared) -> dict:
         "num_workers": base.num_workers,
         "persistent_workers": base.persistent_workers,
         "per_node": {}, "batches_served": None, "session": None,
-        "sid": os.getsid(0),  # the test looks for what is left of this session
+        # The test looks for what is left of this session and of the embedded Ray's.
+        "sessions": [os.getsid(0)],
     }
     if facts["is_dpex"]:
         stats = base.stats()
@@ -108,6 +109,10 @@ def loader_facts(prepared) -> dict:
 
         if ray.is_initialized():  # joined the embedded Ray (a run this short may not)
             facts["session"] = compat.session_name()
+        from dpex.ray_session import embedded
+
+        if embedded.head_session() is not None:
+            facts["sessions"].append(embedded.head_session())
     return facts
 
 

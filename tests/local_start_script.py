@@ -19,7 +19,8 @@ from grpc import _channel as grpc_channel
 from grpc.aio import _channel as grpc_aio_channel
 
 import dpex
-from dpex.ray_session import embedded
+from dpex.process_ends import descendants
+from dpex.ray_session import embedded, head_priority
 
 # The grpcio channels this process opens (the trainer opens none: from the first one on,
 # each fork runs grpc's fork handlers, which at times hang; NOTE [ dpex How Each Process
@@ -149,6 +150,15 @@ def ray_worker_processes(helper_pid: int) -> list[str]:
     return [t for t in titles if a_worker(t)]
 
 
+def outside_session(helper_pid: int) -> list[str]:
+    """The embedded Ray's live processes outside the helper's session."""
+    from dpex.testing.process_tree import stat_fields
+
+    return [str(pid) for pid, _ in descendants([helper_pid])
+            if (fields := stat_fields(pid)) is not None and fields[0] != "Z"
+            and os.getsid(pid) != helper_pid]
+
+
 def main():
     mode = sys.argv[1]
     if mode in ("epochs", "stalled-raylet"):
@@ -158,7 +168,11 @@ def main():
     got, loader, local_pids = batches(True, fault)
     stats = loader.stats()
     workers = ray_worker_processes(embedded._head._proc.pid) if mode == "handover" else []
+    helper = embedded._head._proc.pid
     print(json.dumps({
+        "sessions": [os.getsid(0), os.getsid(helper)],
+        "helper_group_niceness": head_priority.niceness(helper),
+        "outside_session": outside_session(helper),
         "ray_workers": workers, "cpus": os.cpu_count(),
         "equal": len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(expected, got)),
         "batches": len(got), "moves": stats.moves, "restarts": stats.worker_restarts,

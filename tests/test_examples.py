@@ -143,6 +143,24 @@ def test_table_reports_identical_and_different_pairs():
     assert text.count("| single device | ") == 2
 
 
+def test_repeats_give_medians_with_their_spread_and_every_run_is_compared():
+    def run(mode, seconds, losses=(2.3, 2.1)):
+        record = _record("single device", mode, list(losses), "aaa")
+        record.log = [EpochLog(1, 2.1, 0.5, 1.0, 0.6, seconds, 100.0 / seconds, 0.5)]
+        return record
+
+    records = [run(True, 1.0), run(False, 1.0), run(False, 2.0), run(True, 4.0),
+               run(True, 2.0), run(False, 0.5)]
+    checks = compare_modes(records)
+    assert [c.ok for c in checks] == [True]
+    text = build_markdown(records, checks, "python examples/accuracy_table.py --repeats 3")
+    assert "| 50 [25-100] | 50 [25-100] |" in text  # True: 100, 25 and 50 samples/s
+    assert "| 100 [50-200] | 100 [50-200] |" in text  # False: 100, 50 and 200
+    assert "ran 3 times per mode" in text
+    records[-1] = run(False, 0.5, losses=(2.3, 2.2))  # one repeat of one mode differs
+    assert [c.ok for c in compare_modes(records)] == [False]
+
+
 # ------------------------------------------------------------------ data and augmentation
 
 

@@ -61,7 +61,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
             assert returncode == 0, f"{name} failed:\n{stdout[-3000:]}\n{stderr[-4000:]}"
             facts = json.loads((out / "facts.json").read_text())
             results[name] = {"facts": facts, "batches": torch.load(out / "batches.pt"),
-                             "stderr": stderr, "left": leftovers(facts["sid"], {facts["session"]} - {None})}
+                             "stderr": stderr, "left": leftovers(set(facts["sessions"]), {facts["session"]} - {None})}
     finally:
         for _, job in started.values():
             job.stop()

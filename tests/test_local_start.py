@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import user_env
+from dpex.ray_session import head_priority
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_start_script.py")
 
@@ -76,10 +77,16 @@ def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     assert "every logical worker is on a Ray process" in out["events"], out
     if mode == "handover":
         assert out["moves"] == 2 and out["restarts"] == 0, out
-        # Ray prestarts a Python process per core; they host the workers (none idles while
-        # new ones start for a job environment of the trainer's own).
+        # Two Ray processes host the workers, and no other idles beside them (Ray starts
+        # none ahead of use, and none for a job environment of the trainer's own).
         assert sum("Worker" in t for t in out["ray_workers"]) == 2, out
-        assert len(out["ray_workers"]) <= out["cpus"], out
+        assert len(out["ray_workers"]) == 2, out
+        # The embedded Ray runs in a session of its own, all of it, and once the workers
+        # moved, at the trainer's priority (NOTE [ dpex Embedded Head Priority ]).
+        trainer_session, head_session = out["sessions"]
+        assert head_session != trainer_session and out["outside_session"] == [], out
+        if head_priority.enabled():
+            assert out["helper_group_niceness"] == head_priority.NORMAL, out
     else:
         assert out["killed"] and out["restarts"] >= 1, out
     # Nothing is left behind: the local processes, and the helper that ran the embedded

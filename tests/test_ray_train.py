@@ -59,7 +59,7 @@ def runs(tmp_path_factory) -> dict[str, list[tuple[list, dict]]]:
                 (torch.load(out / f"{kind}-rank{rank}.pt", weights_only=False),
                  json.loads((out / f"{kind}-rank{rank}.json").read_text()))
                 for rank in (0, 1)]
-            results[name + " left"] = leftovers(driver["sid"], {driver["session"]})
+            results[name + " left"] = leftovers({driver["sid"]}, {driver["session"]})
     finally:
         for _, _, job in started.values():
             job.stop()

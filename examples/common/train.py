@@ -21,7 +21,6 @@ from torch.utils.data import Dataset, Sampler, Subset
 from tqdm import tqdm
 
 import dpex
-import dpex.ray_session
 from common.augment import EvalTransform, TrainAugment
 from common.data import ImageClassification, ImageData
 from common.ranks import Ranks
@@ -107,10 +106,6 @@ def fit(
     ``model`` may be wrapped (DataParallel, DDP); its ``.module`` is then fingerprinted.
     """
     ranks = ranks or Ranks()
-    if args.distribute_mode and args.workers > 0:
-        # Connect now (the loader would on its first epoch) so that epoch 1's time is
-        # training and starting the workers, not starting Ray. Under DDP, already done.
-        dpex.ray_session.connect(args.head_address)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     record = RunRecord(
         setup=setup, distribute_mode=args.distribute_mode, epochs=args.epochs, lr=args.lr,
@@ -195,9 +190,12 @@ def _ray_cluster() -> str:
     """Which Ray cluster the loader's workers ran on, for the summary."""
     import ray
 
-    from dpex.ray_session import owns_ray_session
+    from dpex.ray_session import embedded, owns_ray_session
 
     if not ray.is_initialized():
-        return ""
+        # A cold process on a busy machine: the embedded Ray starts on what the loop
+        # leaves of the cores, and a run this short may end before it is up.
+        return ("none yet: the workers ran on local processes while the embedded Ray "
+                "started" if embedded.started() else "")
     address = ray.get_runtime_context().gcs_address
     return f"{address} ({'embedded, started by this process' if owns_ray_session() else 'joined'})"

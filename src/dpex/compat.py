@@ -197,18 +197,25 @@ def quiet_token_auth_banner() -> Iterator[None]:
 FREE_OBJECTS_PERIOD_MS = 100
 
 
-def start_embedded_ray(niceness: int, **init_kwargs):
+def start_embedded_ray(niceness: int, worker_register_timeout_s: int, **init_kwargs):
     """``ray.init`` of the embedded Ray: a new local node bound to loopback, no dashboard,
     without the token-auth banner, its workers started at ``niceness`` (Ray's own default
     is 15, which an unprivileged worker cannot lower), dropped objects freed within
-    ``FREE_OBJECTS_PERIOD_MS``. Used by the helper process that starts the embedded head
-    (ray_session/_head_process.py)."""
+    ``FREE_OBJECTS_PERIOD_MS``. No worker processes are started ahead of the first use
+    (Ray starts one per CPU for the first driver), and a starting worker process has
+    ``worker_register_timeout_s`` to register (Ray's default is 60 s): the node starts at
+    the lowest priority (NOTE [ dpex Embedded Head Priority ]), and a worker process
+    starved past Ray's limit is killed, with the driver's connection waiting on it. Used by
+    the helper process that starts the embedded head (ray_session/_head_process.py)."""
     with loopback_only(), quiet_token_auth_banner():
         return ray.init(address="local", include_dashboard=False,
                         logging_level=logging.WARNING,
                         _system_config={"worker_niceness": niceness,
                                         "free_objects_period_milliseconds":
-                                            FREE_OBJECTS_PERIOD_MS},
+                                            FREE_OBJECTS_PERIOD_MS,
+                                        "prestart_worker_first_driver": False,
+                                        "worker_register_timeout_seconds":
+                                            worker_register_timeout_s},
                         **init_kwargs)
 
 

@@ -24,7 +24,10 @@ What happens
      one Ray process per local one, watched: none takes a worker before it answers.
   4. As each answers, the logical workers of its local twin move to it with the move
      protocol (elastic.py's NOTE: drain, then continue from the RNG state of the last
-     result), and the local process ends once empty. The batches are torch's bits
+     result), and the local process ends once empty. Until the last one has, the head's
+     processes (Ray's daemons, and the Ray processes importing torch and the dataset)
+     run at the lowest priority, on what the loop leaves of the cores (NOTE [ dpex
+     Embedded Head Priority ]). The batches are torch's bits
      throughout. The elastic control (autoscaling, rebalancing) waits until every worker
      is on Ray. An iterator that ends first gives its Ray processes, started or still
      starting, to the warm pool (pool.py), and the next one takes them.
@@ -125,6 +128,7 @@ class LocalStart:
         if not self._local_procs():
             self._local_active = False
             self._elastic.note("every logical worker is on a Ray process")
+            ray_session.handed_over()  # the head back at the trainer's priority
 
     def _ensure_ray(self) -> None:
         """Join the head now, waiting for it if need be (a recovery needs a Ray process)."""

@@ -18,7 +18,7 @@ Who answers
     (``auth.py`` holds the token and cluster-probing pieces of Ray).
   * ``embedded.py``: the embedded Ray, a head in a helper process (``_head_process.py``)
     that ends with the trainer however it ends (NOTE [ dpex Embedded Head in a Helper
-    Process ]).
+    Process ]), and starts at the lowest priority (``head_priority.py``).
   * ``ranks.py`` and ``rank_store.py``: the ranks of a ``torch.distributed`` job share one
     Ray (NOTE [ One Ray cluster for all ranks ]); ``dpex.distributed`` is its public face.
 
@@ -35,7 +35,7 @@ from dpex.ray_session.rank_store import connect
 from dpex.ray_session.rules import would_start_embedded
 
 __all__ = ["connect", "would_start_embedded", "start_embedded", "joined_if_up",
-           "owns_ray_session", "joining"]
+           "handed_over", "owns_ray_session", "joining"]
 
 
 def start_embedded() -> None:
@@ -47,3 +47,9 @@ def start_embedded() -> None:
 def joined_if_up() -> bool:
     """Join the embedded Ray ``start_embedded`` started, if it is up; True once joined."""
     return embedded.join_if_up()
+
+
+def handed_over() -> None:
+    """A local start moved all its logical workers to Ray: the embedded head's processes
+    run at the trainer's priority from now on (NOTE [ dpex Embedded Head Priority ])."""
+    embedded.full_priority()

@@ -17,7 +17,7 @@ def _load(name):
     """A module of dpex's, loaded alone (``import dpex`` would import torch)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/dpex
     path = os.path.join(package, f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_dpex_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"_dpex_{name.replace('/', '_')}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -25,6 +25,22 @@ def _load(name):
 
 def main() -> None:
     trainer_pid = os.getppid()
+    # First of all, before Ray's import: the lowest priority for what this starts (NOTE
+    # [ dpex Embedded Head Priority ], head_priority.py), until the trainer's word or LOW_S.
+    priority = _load("ray_session/head_priority")
+    lowered = priority.lower_own_session()
+    restoring = threading.Lock()
+
+    def full_priority() -> None:
+        nonlocal lowered
+        with restoring:
+            if lowered:
+                lowered = not priority.set_niceness(priority.NORMAL)
+
+    if lowered:
+        timer = threading.Timer(priority.LOW_S, full_priority)
+        timer.daemon = True
+        timer.start()
     process_ends, compat = _load("process_ends"), _load("compat")
     stopping = threading.Lock()
     session: list[str] = []  # the node's session directory, once it has one
@@ -45,15 +61,16 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     process_ends.watch_parent(trainer_pid, on_orphaned=trainer_gone)
     try:
-        context = compat.start_embedded_ray(int(sys.argv[1]))
+        context = compat.start_embedded_ray(int(sys.argv[1]), priority.WORKER_REGISTER_S)
     except BaseException:  # e.g. the raylet did not register in time: leave none of it
         process_ends.kill_descendants()
         raise
     session.extend(filter(None, [context.address_info.get("session_dir")]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)
-    while os.read(sys.stdin.fileno(), 4096):  # until the trainer closes it, or dies
-        pass
+    # The trainer's only word is FULL_PRIORITY_LINE; then it closes stdin, or dies.
+    while os.read(sys.stdin.fileno(), 4096):
+        full_priority()
     stop_ray()
 
 

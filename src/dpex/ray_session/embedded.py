@@ -46,6 +46,7 @@ import time
 import ray
 
 from dpex import compat, process_ends
+from dpex.ray_session.head_priority import FULL_PRIORITY_LINE
 from dpex.ray_session.join import driver_pythonpath, join
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_head_process.py")
@@ -71,13 +72,16 @@ class EmbeddedHead:
 
     def _start(self) -> None:
         self._stderr = tempfile.TemporaryFile(mode="w+")
+        # A session of its own: its processes and Ray's, all in it, get a scheduling group
+        # of their own (head_priority.py).
         self._proc = subprocess.Popen(
             [sys.executable, _SCRIPT, str(self._niceness)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True, start_new_session=True,
             env={**os.environ, "PYTHONPATH": self.pythonpath})
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
         self._line: str | None = None
+        self._full_priority = False
         self._answered = threading.Event()
         # A plain thread reading one line (no Ray in it): select() fails on descriptors
         # past 1024, which a trainer holding torch's shared-memory descriptors can reach.
@@ -121,6 +125,17 @@ class EmbeddedHead:
                 raise RuntimeError(f"dpex's embedded Ray did not start within {timeout_s}s")
         return address
 
+    def full_priority(self) -> None:
+        """Put the head's processes back at the trainer's priority (once; NOTE [ dpex
+        Embedded Head Priority ]): the loop no longer runs on local processes alone."""
+        if not self._full_priority:
+            self._full_priority = True
+            try:
+                self._proc.stdin.write(FULL_PRIORITY_LINE)
+                self._proc.stdin.flush()
+            except (OSError, ValueError):  # the helper is gone, or stopping
+                pass
+
     def stop(self) -> None:
         """Let the helper shut Ray down and exit; nothing here waits for it."""
         try:
@@ -151,8 +166,19 @@ def start_head() -> EmbeddedHead:
 
 
 def start_and_join() -> None:
-    """Start the embedded Ray if need be, wait for it, and join it; hold ``lock``."""
-    join_head(start_head().wait())
+    """Start the embedded Ray if need be, wait for it, and join it; hold ``lock``. The
+    trainer waits: the head runs at its priority from now on."""
+    head = start_head()
+    head.full_priority()
+    join_head(head.wait())
+
+
+def full_priority() -> None:
+    """Every logical worker of a loader left its local process for Ray: the head's
+    processes run at the trainer's priority from now on."""
+    with lock:
+        if _head is not None:
+            _head.full_priority()
 
 
 def join_if_up() -> bool:
@@ -179,6 +205,12 @@ def join_head(address: str) -> None:
     with compat.loopback_only(), compat.quiet_token_auth_banner():
         join(address, **own_path)
     _joined = True
+
+
+def head_session() -> int | None:
+    """The process session the embedded Ray runs in (its helper leads it), if a loader
+    started it: everything of it is there, for a look at what a run left behind."""
+    return _head._proc.pid if _head is not None else None
 
 
 def owns_ray_session() -> bool:

@@ -1,0 +1,89 @@
+"""The embedded head's share of the CPU: its session's autogroup, lowest until the hand-over.
+
+NOTE [ dpex Embedded Head Priority ]
+
+Why
+  The embedded Ray's start costs about 5 CPU-seconds (its GCS, raylet, API server, agents,
+  monitors and prestarted workers), and each Ray process of the hand-over imports torch and
+  the dataset again. On a 2-core machine the loop and its local processes already use both
+  cores: at the trainer's priority, Ray's start took the loop's CPU for its first 5-10 s.
+
+How
+  The helper process runs in a session of its own (``start_new_session``), so that Linux
+  puts it and everything it starts (Ray's daemons, and the Ray processes its raylet forks)
+  in one scheduling group, the session's autogroup. The helper sets that group's niceness
+  to 19 before it imports Ray: while the loop keeps the cores busy, Ray starts on what it
+  leaves. A niceness is one-way for an unprivileged process, but an autogroup's is not
+  (any value from 0 to 19; the kernel takes one change per 100 ms, ``EAGAIN`` otherwise,
+  hence ``set_niceness``'s retries). The group goes back to 0 when the trainer says so (a
+  line on the helper's stdin): every logical worker of a loader moved to Ray, or the
+  trainer waits for Ray with nothing running locally.
+
+Starved, Ray must not fail
+  On a machine the loop keeps busy, the start may take minutes, and Ray has deadlines. A
+  worker process that has not registered within Ray's 60 s is killed, and the driver's
+  connection (the helper's ``ray.init``: Ray starts a worker per CPU for the first driver)
+  waited on such workers forever. So the embedded head starts no workers ahead of use and
+  gives a starting worker ``WORKER_REGISTER_S``; its raylet's own 30 s to register begins
+  only once the Python daemons before it have started. And the group goes back to 0 after
+  ``LOW_S`` whatever the trainer says: a loop that never leaves a core idle gets Ray's
+  start then, once, at the trainer's priority.
+
+Where it does nothing
+  A kernel without autogroups (``/proc/<pid>/autogroup`` missing, or
+  ``kernel.sched_autogroup_enabled`` 0): the head runs at the trainer's priority, as
+  before. Under a cgroup CPU controller the autogroup shares the CPU within its cgroup.
+
+This module imports neither Ray nor torch: the helper loads it alone.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+LOW = 19  # the lowest priority
+NORMAL = 0
+LOW_S = 120.0  # the longest the head stays low
+WORKER_REGISTER_S = int(LOW_S) + 60  # Ray's limit for a starting worker (its default: 60)
+FULL_PRIORITY_LINE = "full-priority\n"  # the trainer's word on the helper's stdin
+
+
+def enabled() -> bool:
+    """Whether the kernel schedules by autogroups."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+def niceness(pid: int = 0) -> int | None:
+    """The niceness of ``pid``'s autogroup (0: this process); None if it has none."""
+    try:
+        with open(f"/proc/{pid or os.getpid()}/autogroup") as f:
+            return int(f.read().rsplit("nice", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_niceness(value: int, pid: int = 0, limit_s: float = 2.0) -> bool:
+    """Set ``pid``'s autogroup niceness (0: this process); True once it holds ``value``.
+    Retries while the kernel answers ``EAGAIN`` (one change per 100 ms, machine-wide)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            with open(f"/proc/{pid or os.getpid()}/autogroup", "w") as f:
+                f.write(str(value))
+            return niceness(pid) == value
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN or time.monotonic() >= deadline:
+                return False
+        time.sleep(0.05)
+
+
+def lower_own_session() -> bool:
+    """In the helper: the lowest priority for its session's group, if the helper leads a
+    session of its own (never the trainer's, which the helper shares otherwise)."""
+    return os.getsid(0) == os.getpid() and enabled() and set_niceness(LOW)
