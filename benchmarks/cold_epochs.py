@@ -44,8 +44,8 @@ def child(loader_kind: str, epochs: int, items: int) -> None:
     extra = {"distribute_mode": True} if loader_kind == "dpex" else {}
     train = dpex.DataLoader(Images(items), batch_size=32, shuffle=True, num_workers=2, **extra)
     val = dpex.DataLoader(Images(items // 4), batch_size=32, num_workers=2, **extra)
-    first, epoch_s = None, []
-    for _ in range(epochs):
+    first, epoch_s, handed_over = None, [], None
+    for epoch in range(epochs):
         epoch_started = time.perf_counter()
         for _batch in train:
             if first is None:
@@ -54,8 +54,12 @@ def child(loader_kind: str, epochs: int, items: int) -> None:
         epoch_s.append(time.perf_counter() - epoch_started)
         for _batch in val:
             pass
+        if handed_over is None and loader_kind == "dpex" and any(
+                node != "local" for node in train.stats().per_node):  # a Ray process's
+            handed_over = epoch
     print(json.dumps({"loader": loader_kind, "first_s": first, "epoch_s": epoch_s,
-                      "loop_s": time.perf_counter() - started}), flush=True)
+                      "loop_s": time.perf_counter() - started, "handed_over": handed_over}),
+          flush=True)
 
 
 def run(loader_kind: str, epochs: int, items: int) -> dict:
@@ -77,7 +81,8 @@ def report(runs: list[dict[str, dict]]) -> str:
         for kind in ("dpex", "torch"):
             rec = pair[kind]
             lines.append(f"| {r} | {kind} | {rec['first_s']:.2f} | " + " | ".join(
-                f"{s:.2f}" for s in rec["epoch_s"]) + f" | {rec['loop_s']:.2f} |")
+                f"{s:.2f}" + ("*" if e == rec.get("handed_over") else "")
+                for e, s in enumerate(rec["epoch_s"])) + f" | {rec['loop_s']:.2f} |")
         ratios.append([t / d for t, d in zip(pair["torch"]["epoch_s"], pair["dpex"]["epoch_s"])])
         lines.append(f"| {r} | torch / dpex | | " + " | ".join(
             f"{x:.2f}" for x in ratios[-1]) + f" | {pair['torch']['loop_s'] / pair['dpex']['loop_s']:.2f} |")
@@ -105,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         order = ("dpex", "torch") if repeat % 2 == 0 else ("torch", "dpex")
         runs.append({kind: run(kind, args.epochs, args.items) for kind in order})
     print(f"{args.items} items, batches of 32 x 3x224x224 float32, 2 workers, torch's defaults;"
-          f" {args.repeats} repeats\n")
+          f" {args.repeats} repeats. *: dpex's first epoch with a batch from a Ray process (before"
+          " it, local processes; none: the whole run)\n")
     print(report(runs))
     return 0
 

@@ -55,15 +55,29 @@ def test_a_missing_group_reads_as_none():
 
 
 @needs_autogroups
+def test_the_helpers_group_goes_back_for_good_on_the_trainers_word():
+    script = ("import sys; from dpex.ray_session import head_priority as p\n"
+              "group = p.SessionPriority(); print(p.niceness())\n"
+              "for word in sys.argv[1:]:\n"
+              "    group.hear(word); print(p.niceness(), group.final)\n")
+    run = subprocess.run([sys.executable, "-c", script, "something else",
+                          head_priority.HANDED_OVER, head_priority.HANDED_OVER],
+                         env=user_env(), capture_output=True, text=True, timeout=60,
+                         start_new_session=True)
+    low, normal = str(head_priority.LOW), str(head_priority.NORMAL)
+    assert run.stdout.split() == [low, low, "False", normal, "True", normal, "True"], run.stderr
+
+
+@needs_autogroups
 def test_the_embedded_head_starts_low_and_goes_to_full_priority_on_the_trainers_word():
     head = embedded.EmbeddedHead(os.getpriority(os.PRIO_PROCESS, 0))
     helper = head._proc.pid
     try:
         assert os.getsid(helper) == helper != os.getsid(0)  # a session of its own
         assert wait_until(lambda: head_priority.niceness(helper) == head_priority.LOW, 30)
-        head.full_priority()
+        head.say(head_priority.HANDED_OVER)
         assert wait_until(lambda: head_priority.niceness(helper) == head_priority.NORMAL, 30)
-        head.full_priority()  # once is enough: a second word is not sent
+        assert head._handed_over  # said once: nothing more goes to the helper
     finally:
         head.stop()
     head._proc.wait(timeout=60)  # stdin closed: the helper stops what it started and exits

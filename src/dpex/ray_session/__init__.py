@@ -28,7 +28,7 @@ Who answers
 
 from __future__ import annotations
 
-from dpex.ray_session import embedded
+from dpex.ray_session import embedded, head_priority
 from dpex.ray_session.embedded import owns_ray_session
 from dpex.ray_session.join import joining
 from dpex.ray_session.rank_store import connect
@@ -52,4 +52,4 @@ def joined_if_up() -> bool:
 def handed_over() -> None:
     """A local start moved all its logical workers to Ray: the embedded head's processes
     run at the trainer's priority from now on (NOTE [ dpex Embedded Head Priority ])."""
-    embedded.full_priority()
+    embedded.say(head_priority.HANDED_OVER)

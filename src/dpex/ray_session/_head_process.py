@@ -28,17 +28,9 @@ def main() -> None:
     # First of all, before Ray's import: the lowest priority for what this starts (NOTE
     # [ dpex Embedded Head Priority ], head_priority.py), until the trainer's word or LOW_S.
     priority = _load("ray_session/head_priority")
-    lowered = priority.lower_own_session()
-    restoring = threading.Lock()
-
-    def full_priority() -> None:
-        nonlocal lowered
-        with restoring:
-            if lowered:
-                lowered = not priority.set_niceness(priority.NORMAL)
-
-    if lowered:
-        timer = threading.Timer(priority.LOW_S, full_priority)
+    group = priority.SessionPriority()
+    if group.lowered:
+        timer = threading.Timer(priority.LOW_S, group.hear, args=(priority.HANDED_OVER,))
         timer.daemon = True
         timer.start()
     process_ends, compat = _load("process_ends"), _load("compat")
@@ -68,9 +60,9 @@ def main() -> None:
     session.extend(filter(None, [context.address_info.get("session_dir")]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)
-    # The trainer's only word is FULL_PRIORITY_LINE; then it closes stdin, or dies.
-    while os.read(sys.stdin.fileno(), 4096):
-        full_priority()
+    # The trainer's words (head_priority.py), until it closes stdin, or dies.
+    for line in sys.stdin.buffer:
+        group.hear(line.decode(errors="replace").strip())
     stop_ray()
 
 

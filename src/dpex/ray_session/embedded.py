@@ -46,7 +46,7 @@ import time
 import ray
 
 from dpex import compat, process_ends
-from dpex.ray_session.head_priority import FULL_PRIORITY_LINE
+from dpex.ray_session.head_priority import HANDED_OVER
 from dpex.ray_session.join import driver_pythonpath, join
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_head_process.py")
@@ -81,7 +81,7 @@ class EmbeddedHead:
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
         self._line: str | None = None
-        self._full_priority = False
+        self._handed_over = False
         self._answered = threading.Event()
         # A plain thread reading one line (no Ray in it): select() fails on descriptors
         # past 1024, which a trainer holding torch's shared-memory descriptors can reach.
@@ -125,13 +125,13 @@ class EmbeddedHead:
                 raise RuntimeError(f"dpex's embedded Ray did not start within {timeout_s}s")
         return address
 
-    def full_priority(self) -> None:
-        """Put the head's processes back at the trainer's priority (once; NOTE [ dpex
-        Embedded Head Priority ]): the loop no longer runs on local processes alone."""
-        if not self._full_priority:
-            self._full_priority = True
+    def say(self, word: str) -> None:
+        """Tell the helper what the trainer does now (NOTE [ dpex Embedded Head Priority ]);
+        after ``HANDED_OVER``, nothing more."""
+        if not self._handed_over:
+            self._handed_over = word == HANDED_OVER
             try:
-                self._proc.stdin.write(FULL_PRIORITY_LINE)
+                self._proc.stdin.write(word + "\n")
                 self._proc.stdin.flush()
             except (OSError, ValueError):  # the helper is gone, or stopping
                 pass
@@ -169,16 +169,15 @@ def start_and_join() -> None:
     """Start the embedded Ray if need be, wait for it, and join it; hold ``lock``. The
     trainer waits: the head runs at its priority from now on."""
     head = start_head()
-    head.full_priority()
+    head.say(HANDED_OVER)
     join_head(head.wait())
 
 
-def full_priority() -> None:
-    """Every logical worker of a loader left its local process for Ray: the head's
-    processes run at the trainer's priority from now on."""
+def say(word: str) -> None:
+    """Tell the helper what the trainer does now (head_priority.py)."""
     with lock:
         if _head is not None:
-            _head.full_priority()
+            _head.say(word)
 
 
 def join_if_up() -> bool:

@@ -15,9 +15,12 @@ How
   to 19 before it imports Ray: while the loop keeps the cores busy, Ray starts on what it
   leaves. A niceness is one-way for an unprivileged process, but an autogroup's is not
   (any value from 0 to 19; the kernel takes one change per 100 ms, ``EAGAIN`` otherwise,
-  hence ``set_niceness``'s retries). The group goes back to 0 when the trainer says so (a
-  line on the helper's stdin): every logical worker of a loader moved to Ray, or the
-  trainer waits for Ray with nothing running locally.
+  hence ``set_niceness``'s retries). The group goes back to 0 for good on the trainer's
+  word (``HANDED_OVER``, a line on the helper's stdin): every logical worker of a loader
+  moved to Ray, or the trainer waits for Ray with nothing running locally. Until then the
+  Ray processes of the hand-over import torch and the dataset on what the loop leaves.
+  (Raising the group while the trainer joins and sets up did not shorten that step: its
+  0.35-0.4 s, once per process, are the trainer's own ``ray.init`` and first ``ray.put``.)
 
 Starved, Ray must not fail
   On a machine the loop keeps busy, the start may take minutes, and Ray has deadlines. A
@@ -41,13 +44,15 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 
 LOW = 19  # the lowest priority
 NORMAL = 0
 LOW_S = 120.0  # the longest the head stays low
 WORKER_REGISTER_S = int(LOW_S) + 60  # Ray's limit for a starting worker (its default: 60)
-FULL_PRIORITY_LINE = "full-priority\n"  # the trainer's word on the helper's stdin
+# The trainer's word on the helper's stdin: nothing of it runs locally any more.
+HANDED_OVER = "handed-over"
 
 
 def enabled() -> bool:
@@ -87,3 +92,18 @@ def lower_own_session() -> bool:
     """In the helper: the lowest priority for its session's group, if the helper leads a
     session of its own (never the trainer's, which the helper shares otherwise)."""
     return os.getsid(0) == os.getpid() and enabled() and set_niceness(LOW)
+
+
+class SessionPriority:
+    """The helper's side: its session group's niceness, through the trainer's words."""
+
+    def __init__(self) -> None:
+        self.lowered = lower_own_session()
+        self.final = not self.lowered  # nothing to change, ever
+        self._lock = threading.Lock()
+
+    def hear(self, word: str) -> None:
+        """A word of the trainer's (``HANDED_OVER`` also when ``LOW_S`` has passed)."""
+        with self._lock:
+            if not self.final and word == HANDED_OVER:
+                self.final = set_niceness(NORMAL)
