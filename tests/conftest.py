@@ -58,7 +58,8 @@ class Job:
         self.command, self.timeout = command, timeout
         self._deadline = time.monotonic() + timeout
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        # Its own process group, so that stop() ends what it started (ranks, an embedded Ray).
+        # Its own process group, so that stop() ends what it started (its ranks; an embedded
+        # Ray, in a session of its own, ends with the process that started it).
         self._proc = subprocess.Popen(command, stdout=self._out, stderr=self._err, text=True,
                                       start_new_session=True, **popen)
         self._done: tuple[int, str, str] | None = None

@@ -43,9 +43,10 @@ def main() -> None:
     trained = time.time()
     ray = None
     if loader_kind == "dpex-ray":
-        from dpex.ray_session import owns_ray_session
+        from dpex.ray_session import embedded
 
-        ray = "embedded" if owns_ray_session() else "joined"
+        # Started the embedded Ray (a run this short may end before it is up), or joined one.
+        ray = "embedded" if embedded.started() else "joined"
     print(json.dumps({"imports_s": IMPORTED - t0, "first_s": first - t0,
                       "trained_s": trained - t0, "batches": batches, "ray": ray}), flush=True)
 
