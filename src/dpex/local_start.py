@@ -90,6 +90,8 @@ class LocalStart:
                                              self._proc_serial))
         self._local_twins: dict[ProcessHandle, ProcessHandle] = {}  # Ray process -> local
         ray_session.start_embedded()
+        if self._share_on:  # its stream shares nothing before Ray is up: no lowest priority
+            ray_session.full_priority()
 
     def _local_procs(self) -> list[ProcessHandle]:
         return [p for p in self._procs if isinstance(p.actor, LocalActor) and not p.dead]
@@ -128,7 +130,7 @@ class LocalStart:
         if not self._local_procs():
             self._local_active = False
             self._elastic.note("every logical worker is on a Ray process")
-            ray_session.handed_over()  # the head back at the trainer's priority
+            ray_session.full_priority()  # the head back at the trainer's priority
 
     def _ensure_ray(self) -> None:
         """Join the head now, waiting for it if need be (a recovery needs a Ray process)."""

@@ -35,7 +35,7 @@ from dpex.ray_session.rank_store import connect
 from dpex.ray_session.rules import would_start_embedded
 
 __all__ = ["connect", "would_start_embedded", "start_embedded", "joined_if_up",
-           "handed_over", "owns_ray_session", "joining"]
+           "full_priority", "owns_ray_session", "joining"]
 
 
 def start_embedded() -> None:
@@ -49,7 +49,8 @@ def joined_if_up() -> bool:
     return embedded.join_if_up()
 
 
-def handed_over() -> None:
-    """A local start moved all its logical workers to Ray: the embedded head's processes
-    run at the trainer's priority from now on (NOTE [ dpex Embedded Head Priority ])."""
-    embedded.say(head_priority.HANDED_OVER)
+def full_priority() -> None:
+    """The embedded head's processes run at the trainer's priority from now on (NOTE
+    [ dpex Embedded Head Priority ]): a local start moved all its logical workers to Ray,
+    or a loader needs Ray to do its work (a shared stream)."""
+    embedded.say(head_priority.FULL_PRIORITY)

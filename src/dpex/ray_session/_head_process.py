@@ -30,9 +30,17 @@ def main() -> None:
     priority = _load("ray_session/head_priority")
     group = priority.SessionPriority()
     if group.lowered:
-        timer = threading.Timer(priority.LOW_S, group.hear, args=(priority.HANDED_OVER,))
+        timer = threading.Timer(priority.LOW_S, group.hear, args=(priority.FULL_PRIORITY,))
         timer.daemon = True
         timer.start()
+    closed = threading.Event()
+
+    def hear_the_trainer() -> None:  # its words from the start, ray.init or not; then EOF
+        for line in sys.stdin.buffer:
+            group.hear(line.decode(errors="replace").strip())
+        closed.set()
+
+    threading.Thread(target=hear_the_trainer, daemon=True, name="dpex-trainer-words").start()
     process_ends, compat = _load("process_ends"), _load("compat")
     stopping = threading.Lock()
     session: list[str] = []  # the node's session directory, once it has one
@@ -60,9 +68,7 @@ def main() -> None:
     session.extend(filter(None, [context.address_info.get("session_dir")]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]
     print(f"127.0.0.1:{port}", flush=True)
-    # The trainer's words (head_priority.py), until it closes stdin, or dies.
-    for line in sys.stdin.buffer:
-        group.hear(line.decode(errors="replace").strip())
+    closed.wait()  # until the trainer closes stdin, or dies
     stop_ray()
 
 

@@ -48,7 +48,7 @@ import time
 import ray
 
 from dpex import compat, process_ends
-from dpex.ray_session.head_priority import HANDED_OVER
+from dpex.ray_session.head_priority import FULL_PRIORITY
 from dpex.ray_session.join import driver_pythonpath, join
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_head_process.py")
@@ -83,7 +83,7 @@ class EmbeddedHead:
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
         self._line: str | None = None
-        self._handed_over = False
+        self._said_full_priority = False
         self._answered = threading.Event()
         # A plain thread reading one line (no Ray in it): select() fails on descriptors
         # past 1024, which a trainer holding torch's shared-memory descriptors can reach.
@@ -129,9 +129,9 @@ class EmbeddedHead:
 
     def say(self, word: str) -> None:
         """Tell the helper what the trainer does now (NOTE [ dpex Embedded Head Priority ]);
-        after ``HANDED_OVER``, nothing more."""
-        if not self._handed_over:
-            self._handed_over = word == HANDED_OVER
+        after ``FULL_PRIORITY``, nothing more."""
+        if not self._said_full_priority:
+            self._said_full_priority = word == FULL_PRIORITY
             try:
                 self._proc.stdin.write(word + "\n")
                 self._proc.stdin.flush()
@@ -171,7 +171,7 @@ def start_and_join() -> None:
     """Start the embedded Ray if need be, wait for it, and join it; hold ``lock``. The
     trainer waits: the head runs at its priority from now on."""
     head = start_head()
-    head.say(HANDED_OVER)
+    head.say(FULL_PRIORITY)
     join_head(head.wait())
 
 

@@ -16,8 +16,9 @@ How
   leaves. A niceness is one-way for an unprivileged process, but an autogroup's is not
   (any value from 0 to 19; the kernel takes one change per 100 ms, ``EAGAIN`` otherwise,
   hence ``set_niceness``'s retries). The group goes back to 0 for good on the trainer's
-  word (``HANDED_OVER``, a line on the helper's stdin): every logical worker of a loader
-  moved to Ray, or the trainer waits for Ray with nothing running locally. Until then the
+  word (``FULL_PRIORITY``, a line on the helper's stdin): every logical worker of a loader
+  moved to Ray, the trainer waits for Ray with nothing running locally, or a loader shares
+  its stream (``share=``), which needs Ray's object store to share anything. Until then the
   Ray processes of the hand-over import torch and the dataset on what the loop leaves.
   (Raising the group while the trainer joins and sets up did not shorten that step: its
   0.35-0.4 s, once per process, are the trainer's own ``ray.init`` and first ``ray.put``.)
@@ -51,8 +52,9 @@ LOW = 19  # the lowest priority
 NORMAL = 0
 LOW_S = 120.0  # the longest the head stays low
 WORKER_REGISTER_S = int(LOW_S) + 60  # Ray's limit for a starting worker (its default: 60)
-# The trainer's word on the helper's stdin: nothing of it runs locally any more.
-HANDED_OVER = "handed-over"
+# The trainer's word on the helper's stdin: it needs Ray at full speed now (nothing of it
+# runs locally any more, or a loader's shared stream needs Ray's object store).
+FULL_PRIORITY = "full-priority"
 
 
 def enabled() -> bool:
@@ -103,7 +105,7 @@ class SessionPriority:
         self._lock = threading.Lock()
 
     def hear(self, word: str) -> None:
-        """A word of the trainer's (``HANDED_OVER`` also when ``LOW_S`` has passed)."""
+        """A word of the trainer's (``FULL_PRIORITY`` also when ``LOW_S`` has passed)."""
         with self._lock:
-            if not self.final and word == HANDED_OVER:
+            if not self.final and word == FULL_PRIORITY:
                 self.final = set_niceness(NORMAL)
