@@ -32,15 +32,6 @@ def spin(stop_at: float) -> None:
         pass
 
 
-def group_niceness(pid: int) -> str:
-    """The niceness of ``pid``'s scheduling group (its session's autogroup), or "-"."""
-    try:
-        with open(f"/proc/{pid}/autogroup") as f:
-            return f.read().rsplit("nice", 1)[1].strip()
-    except (OSError, IndexError):
-        return "-"
-
-
 def proc_stat(pid: int) -> tuple[int, float, int] | None:
     """(parent pid, CPU seconds, niceness) of ``pid``; None once it is gone."""
     try:
@@ -74,21 +65,9 @@ def kind(pid: int) -> str:
     return os.path.basename(argv[0]) if argv else "?"
 
 
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (stat := proc_stat(int(name))) is not None:
-            children[stat[0]].append(int(name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
 def one_run(seconds: float, busy: int) -> dict:
-    from dpex.ray_session import embedded
+    from dpex.process_ends import descendants
+    from dpex.ray_session import embedded, head_priority
 
     stop_at = time.monotonic() + seconds
     spinners = [multiprocessing.get_context("fork").Process(target=spin, args=(stop_at,))
@@ -103,9 +82,10 @@ def one_run(seconds: float, busy: int) -> dict:
             up_s = time.monotonic() - started
         time.sleep(0.05)
     rows = []
-    for pid in descendants(head._proc.pid):
+    for pid, _ in descendants([head._proc.pid]):
         if (stat := proc_stat(pid)) is not None:
-            rows.append((kind(pid), stat[1], f"{stat[2]}/{group_niceness(pid)}"))
+            group = head_priority.niceness(pid)
+            rows.append((kind(pid), stat[1], f"{stat[2]}/{'-' if group is None else group}"))
     busy_cpu = 0.0
     for p in spinners:
         stat = proc_stat(p.pid)

@@ -77,8 +77,7 @@ def run(end: str, *, loader: str = "dpex", framework: str = "plain", handler: bo
             if line.startswith("ENDING "):
                 marks["ending"] = float(line.split()[1])
             elif line.startswith("READY") and end in SIGNALS and "ending" not in marks:
-                sessions.update(run_sessions(sessions))
-                seen.update(_session_dirs(sessions))
+                _look(sessions, seen)
                 marks["ending"] = time.time()
                 if end == "sigint":
                     os.killpg(proc.pid, signal.SIGINT)
@@ -89,8 +88,7 @@ def run(end: str, *, loader: str = "dpex", framework: str = "plain", handler: bo
     reader.start()
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
-        sessions.update(run_sessions(sessions))
-        seen.update(_session_dirs(sessions))
+        _look(sessions, seen)
         time.sleep(0.1)
     exited_at = time.time()
     hung = proc.poll() is None
@@ -114,13 +112,15 @@ def _as_a_terminal_starts_it() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
-def _session_dirs(sessions: set[int]) -> set[str]:
-    """The Ray session directories named by the processes of ``sessions``."""
-    found = set()
-    for p in _processes():
+def _look(sessions: set[int], session_dirs: set[str]) -> None:
+    """Add to a running run's ``sessions`` those its processes started (dpex's embedded Ray
+    runs in one of its own: its helper, a child of the trainer, leads it), and to its
+    ``session_dirs`` the Ray session directories their processes name; one read of /proc."""
+    processes = _processes()
+    sessions.update(run_sessions(sessions, processes))
+    for p in processes:
         if p.sid in sessions:
-            found.update(_SESSION_DIR.findall(p.command))
-    return found
+            session_dirs.update(_SESSION_DIR.findall(p.command))
 
 
 @dataclass(frozen=True)
@@ -143,10 +143,8 @@ def _processes() -> list[_Process]:
     return out
 
 
-def run_sessions(sessions: set[int]) -> set[int]:
-    """``sessions`` and the sessions a process of them started (dpex's embedded Ray runs in
-    one of its own: its helper, a child of the trainer, leads it), seen now."""
-    processes = _processes()
+def run_sessions(sessions: set[int], processes: list[_Process]) -> set[int]:
+    """``sessions`` and the sessions a process of them started, among ``processes``."""
     sid_of = {p.pid: p.sid for p in processes}
     found = set(sessions)
     grew = True
