@@ -14,7 +14,10 @@ terminal starts a command), ended one of seven ways:
 
 "Left" counts the processes still alive 10 s after the script exited: those of its session
 and of the sessions its processes started (its embedded Ray runs in one of its own), and
-any process, wherever it is, that names one of the run's Ray session directories.
+any process, wherever it is, that names one of the run's Ray session directories. A zombie
+whose parent is no process of the run is not counted: it has exited and holds nothing, and
+only its parent, outside the run (the machine's init, once the run's processes are gone),
+can reap it. A zombie a live process of the run has not reaped is counted, with its parent.
 """
 
 from __future__ import annotations
@@ -129,15 +132,17 @@ class _Process:
     ppid: int
     sid: int
     command: str
+    zombie: bool = False
 
 
 def _processes() -> list[_Process]:
     """Every process on this machine."""
     out = []
-    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
+    for p in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
         try:
             out.append(_Process(p.pid, p.info["ppid"], os.getsid(p.pid),
-                                " ".join(p.info["cmdline"] or [])))
+                                " ".join(p.info["cmdline"] or []),
+                                p.info["status"] == psutil.STATUS_ZOMBIE))
         except (psutil.Error, ProcessLookupError, PermissionError):
             continue
     return out
@@ -158,10 +163,14 @@ def run_sessions(sessions: set[int], processes: list[_Process]) -> set[int]:
 
 
 def run_processes(sessions: set[int], session_dirs: set[str]) -> list[str]:
-    """'pid command' of the processes of a run: in its sessions, or naming its Ray dirs."""
-    return [f"{p.pid} {p.command[:120]}" for p in _processes()
-            if p.pid != os.getpid()
+    """'pid command' of the live processes of a run: in its sessions, or naming its Ray
+    dirs (zombies as in the module's docstring: 'pid <zombie of PARENT>')."""
+    processes = _processes()
+    mine = [p for p in processes if p.pid != os.getpid()
             and (p.sid in sessions or any(d in p.command for d in session_dirs))]
+    live = {p.pid for p in mine if not p.zombie}
+    return [f"{p.pid} <zombie of {p.ppid}>" if p.zombie else f"{p.pid} {p.command[:120]}"
+            for p in mine if not p.zombie or p.ppid in live]
 
 
 def _wait_until_gone(sessions: set[int], session_dirs: set[str], limit_s: float

@@ -102,3 +102,54 @@ def test_what_still_names_the_nodes_session_is_killed_and_nothing_else(tmp_path)
         for process in (agent, logger, other):
             process.kill()
             process.wait()
+
+
+_REAPER = """
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run's orphans come here
+run = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True,
+                       stdout=subprocess.PIPE, text=True)
+print(run.pid, run.stdout.readline().strip(), flush=True)
+time.sleep(60)  # reaps nothing
+"""
+# The run: a session leader whose child exits unreaped (a zombie of a live process of the
+# run), and a grandchild that outlives it (reparented to the reaper, outside the run).
+_RUN = """
+import os, sys, time
+if os.fork() == 0:
+    os._exit(0)  # never reaped while the run lives
+orphan = os.fork()
+if orphan == 0:
+    time.sleep(1.5)
+    os._exit(0)
+print(orphan, flush=True)
+time.sleep(0.5)
+"""
+
+
+def test_a_zombie_counts_as_left_only_while_a_process_of_the_run_holds_it():
+    """A run's leftovers are its live processes; a zombie is one only while a live process
+    of the run has not reaped it. One whose parent is outside the run (the machine's init,
+    here a subreaper standing in for it, which reaps nothing) is not the run's to reap."""
+    import subprocess
+
+    from helpers import wait_until
+
+    reaper = subprocess.Popen([sys.executable, "-c", _REAPER, _RUN], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        leader, orphan = map(int, reaper.stdout.readline().split())
+        left = ending.run_processes({leader}, set())
+        assert any("<zombie of" in entry and entry.endswith(f"{leader}>") for entry in left)
+
+        def zombie(pid: int) -> bool:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(") ", 1)[1][0] == "Z"
+
+        # Both exited, neither reaped: the leader (its parent, the reaper, holds it) and the
+        # orphan (reparented to the reaper), and with them the zombie the leader held.
+        assert wait_until(lambda: zombie(leader) and zombie(orphan), timeout=15)
+        assert ending.run_processes({leader}, set()) == []
+    finally:
+        reaper.kill()
+        reaper.wait()
