@@ -39,11 +39,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpex.growth_policy import Ask, bundle_for, merged
-from dpex.move_policy import MovePolicy
-from dpex.placement import NodePicker, WorkerOptions, eligible_cpus
-from dpex.scaling import Autoscale, AutoscalePolicy, Window, allocate, node_limit, plan_moves
-from dpex.store_budget import StoreBudget
+from dpex.elastic.growth_policy import Ask, bundle_for, merged
+from dpex.elastic.move_policy import MovePolicy
+from dpex.elastic.placement import NodePicker
+from dpex.elastic.scaling import (
+    AutoscalePolicy,
+    Window,
+    allocate,
+    node_limit,
+    plan_moves,
+)
+from dpex.elastic.store_budget import StoreBudget
+from dpex.workers.autoscale import Autoscale
+from dpex.workers.options import WorkerOptions, eligible_cpus
 
 NODE_CPUS = (2, 4, 8, 8, 16, 16, 32, 48, 64, 96)  # drawn per node: unequal, mostly small
 TRAINER = "node-trainer"

@@ -196,8 +196,8 @@ def patched(ray_local):
     import torch.utils.data
 
     import dpex
-    from dpex import zero_code
     from dpex.dataloader import TorchDataLoader
+    from dpex.integrations import zero_code
 
     patch = dpex.patch()
     assert torch.utils.data.DataLoader is zero_code.ZeroCodeDataLoader

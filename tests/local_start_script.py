@@ -75,7 +75,7 @@ def batches(distribute_mode, fault=None):
 def short_epochs(distribute_mode, count=None, limit_s=None):
     """Epochs of 8 batches (about 0.1 s), ``count`` of them or, for dpex, until an epoch
     began on Ray processes (or ``limit_s`` passed)."""
-    from dpex.pool import POOL
+    from dpex.workers.pool import POOL
 
     deadline = time.monotonic() + limit_s if limit_s else None
     loader = dpex.DataLoader(Noisy(), batch_size=4, num_workers=2, sampler=range(32),
@@ -110,7 +110,7 @@ def stall_first_raylet(stalled: list[int]) -> None:
 
 
 def main_epochs(stall: bool = False):
-    from dpex.pool import POOL
+    from dpex.workers.pool import POOL
 
     stalled: list[int] = []
     if stall:

@@ -92,7 +92,7 @@ def test_plain_accelerate_swapping_in_torchs_loader_warns_once():
 
     import dpex
     from dpex.integrations import accelerate as integration
-    from dpex.integrations import rebuilt
+    from dpex.loader import rebuilt
 
     rebuilt._warned.clear()
     local = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=1)

@@ -10,10 +10,16 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import user_env
-from dpex.allocator import (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MMAP_THRESHOLD, TRIM_THRESHOLD,
-                            _glibc_version, settings_to_apply)
+
+from dpex.workers.allocator import (
+    M_MMAP_THRESHOLD,
+    M_TRIM_THRESHOLD,
+    MMAP_THRESHOLD,
+    TRIM_THRESHOLD,
+    _glibc_version,
+    settings_to_apply,
+)
 
 GLIBC = "glibc 2.36"
 
@@ -50,7 +56,7 @@ def test_other_tunables_and_other_c_libraries():
 ROUNDS = r"""
 import ctypes, resource, sys, torch
 if sys.argv[1] == "worker":
-    from dpex.worker import Worker
+    from dpex.workers.worker import Worker
     Worker()
 class MallInfo(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int) for name in

@@ -12,7 +12,6 @@ import tempfile
 import textwrap
 
 import pytest
-
 from conftest import SRC_DIR, TESTS_DIR, free_port, user_env
 from helpers import alive_actor_count, wait_until
 
@@ -89,7 +88,7 @@ def users_own_sessions() -> list[dict]:
     """One fresh interpreter for both tests of a session the user opened with ray.init():
     it uses one, then shuts it down and opens another."""
     return run_script("""
-        from dpex.pool import POOL
+        from dpex.workers.pool import POOL
         ray.init(address="local", num_cpus=2, include_dashboard=False)
         node_before = ray.get_runtime_context().get_node_id()
         first = run()

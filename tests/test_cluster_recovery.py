@@ -15,9 +15,6 @@ from dataclasses import dataclass
 import pytest
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError
-
-import dpex
 from conftest import free_port, worker_job_config
 from helpers import (
     REFERENCE_CONTEXT,
@@ -29,6 +26,9 @@ from helpers import (
     wait_until,
     worker_actors,
 )
+from ray.exceptions import GetTimeoutError, RayActorError
+
+import dpex
 
 pytestmark = [pytest.mark.timeout(480), pytest.mark.no_ray_start_record]  # a loaded 2-core machine starts nodes slowly
 
@@ -198,8 +198,8 @@ def test_workers_that_cannot_start_in_time_on_one_node_go_on_elsewhere(cluster):
 def test_a_move_onto_a_process_that_never_started_is_called_off():
     """Pure: a new node's process that is given up ends the move onto it (else the move
     would wait for it, and no other node would be followed, for the rest of the epoch)."""
-    from dpex.process_handle import ProcessHandle
-    from dpex.node_following import NodeFollowing
+    from dpex.elastic.node_following import NodeFollowing
+    from dpex.workers.process_handle import ProcessHandle
 
     follow = NodeFollowing()
     follow._starved_nodes = set()

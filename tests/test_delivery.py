@@ -1,12 +1,18 @@
-"""The delivered rate (dpex.delivery) and the rebalancer's decisions from it. Pure: no Ray."""
+"""The delivered rate (dpex.observe.delivery) and the rebalancer's decisions from it. Pure: no Ray."""
 
 from __future__ import annotations
 
 import pytest
 
-from dpex.delivery import MIN_CALLS, OVERDUE_FACTOR, DeliveryRecord, judged, speed
-from dpex.process_handle import ProcessHandle
-from dpex.scaling import plan_moves
+from dpex.elastic.scaling import plan_moves
+from dpex.observe.delivery import (
+    MIN_CALLS,
+    OVERDUE_FACTOR,
+    DeliveryRecord,
+    judged,
+    speed,
+)
+from dpex.workers.process_handle import ProcessHandle
 
 pytestmark = pytest.mark.no_ray_start_record
 

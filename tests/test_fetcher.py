@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate, default_convert
 
-from dpex.fetcher import IterableFetcher, MapFetcher
+from dpex.workers.fetcher import IterableFetcher, MapFetcher
 
 pytestmark = pytest.mark.no_ray_start_record
 

@@ -1,12 +1,13 @@
-"""What a loader asks a cluster's autoscaler for (dpex.growth_policy, and the policy's
+"""What a loader asks a cluster's autoscaler for (dpex.elastic.growth_policy, and the policy's
 ``grow_to``). Pure: no Ray."""
 
 from __future__ import annotations
 
 import pytest
 
-from dpex.growth_policy import Ask, bundle_for, merged, processes_within
-from dpex.scaling import Autoscale, AutoscalePolicy, Window
+from dpex.elastic.growth_policy import Ask, bundle_for, merged, processes_within
+from dpex.elastic.scaling import AutoscalePolicy, Window
+from dpex.workers.autoscale import Autoscale
 
 pytestmark = pytest.mark.no_ray_start_record
 

@@ -9,7 +9,7 @@ transformers.trainer imported, the patched one under ``dpex run``), then
 ``DataLoader`` accelerate.data_loader imported (patched too; its RandomSampler becomes
 accelerate's SeedableRandomSampler): the loader the Trainer iterates is the shard's
 ``base_dataloader``, a dpex loader, and no warning says accelerate swapped in torch's
-(dpex.integrations.rebuilt). Each run is a fresh interpreter in a session of
+(dpex.loader.rebuilt). Each run is a fresh interpreter in a session of
 its own, all started together: plain ``python``, ``python -m dpex run`` with a user's
 defaults (a run this short loads on dpex's local start, before the embedded Ray is up:
 local_start.py), and ``dpex run`` without the local start (every batch from Ray actors).
@@ -79,7 +79,7 @@ def test_plain_python_iterates_torchs_loader(runs):
 def test_under_dpex_run_the_trainer_iterates_a_dpex_loader_on_ray(runs, name):
     facts = runs[name]["facts"]
     assert facts["prepared"] == "accelerate.data_loader.DataLoaderShard"
-    assert facts["base"] == "dpex.zero_code.ZeroCodeDataLoader"
+    assert facts["base"] == "dpex.integrations.zero_code.ZeroCodeDataLoader"
     assert facts["is_dpex"] and facts["distribute_mode"] is True
     assert facts["sampler"] == runs["torch"]["facts"]["sampler"]  # accelerate's, as torch's
     assert facts["num_workers"] == 2 and facts["persistent_workers"] is False  # the defaults

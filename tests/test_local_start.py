@@ -1,5 +1,5 @@
 """A cold process (no Ray yet): the first loader begins on local processes and hands its
-workers over to Ray processes mid-epoch, bitwise (dpex/local_start.py, its NOTE). Each case
+workers over to Ray processes mid-epoch, bitwise (dpex/workers/local_start.py, its NOTE). Each case
 is a fresh interpreter, as `python train.py` is; the scripts compare with torch's loader."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import user_env
+
 from dpex.ray_session import head_priority
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_start_script.py")

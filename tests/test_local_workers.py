@@ -1,4 +1,4 @@
-"""The local worker processes of a cold start (dpex/local_workers.py), without Ray: a batch's
+"""The local worker processes of a cold start (dpex/workers/local_workers.py), without Ray: a batch's
 large tensors reach the trainer in shared memory, as from torch's workers, bitwise torch's;
 small ones inline; a reply the process cannot hand over any more fails as its death."""
 
@@ -10,9 +10,9 @@ import signal
 import pytest
 import torch
 
-from dpex import local_workers, transport
-from dpex.seeding import draw_base_seed
-from dpex.worker import WorkerConfig
+from dpex.epoch.seeding import draw_base_seed
+from dpex.workers import local_workers, transport
+from dpex.workers.worker import WorkerConfig
 
 pytestmark = pytest.mark.no_ray_start_record
 
@@ -165,7 +165,7 @@ def test_without_shared_memory_an_unbatched_tensor_goes_inline(monkeypatch):
 
 
 def test_a_tensor_takes_the_first_free_slot_that_holds_it_and_slots_are_few():
-    from dpex import pipe_slots
+    from dpex.workers import pipe_slots
 
     mib = 2**20
     assert pipe_slots.pick_slot([19 * mib, 19 * mib], [1, 0], 19 * mib) == 1

@@ -1,13 +1,13 @@
-"""The rebalancer's move policy (dpex.move_policy): when a move may be planned, and whether
+"""The rebalancer's move policy (dpex.elastic.move_policy): when a move may be planned, and whether
 the last one helped. Pure: a fake clock and made-up windows, no Ray."""
 
 from __future__ import annotations
 
 import pytest
 
-from dpex import move_policy
-from dpex.move_policy import MovePolicy
-from dpex.scaling import plan_moves
+from dpex.elastic import move_policy
+from dpex.elastic.move_policy import MovePolicy
+from dpex.elastic.scaling import plan_moves
 
 pytestmark = pytest.mark.no_ray_start_record
 

@@ -1,4 +1,4 @@
-"""The warm pool (dpex.pool): processes reused across epochs and loaders, workers still fresh.
+"""The warm pool (dpex.workers.pool): processes reused across epochs and loaders, workers still fresh.
 
 Every reuse test compares with torch's own loader for the same seeds: the batches must be
 bitwise identical although the worker processes are the pool's."""
@@ -10,9 +10,6 @@ import time
 
 import pytest
 import torch
-
-import dpex
-from dpex.pool import POOL
 from helpers import (
     REFERENCE_CONTEXT,
     AugmentedDataset,
@@ -28,6 +25,9 @@ from helpers import (
     mark_replica,
     wait_until,
 )
+
+import dpex
+from dpex.workers.pool import POOL
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.no_ray_start_record]
 

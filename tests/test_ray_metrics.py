@@ -9,10 +9,9 @@ import uuid
 import warnings
 
 import pytest
-
 from helpers import AugmentedDataset, wait_until
 
-from dpex.ray_metrics import default_name
+from dpex.observe.ray_metrics import default_name
 
 pytestmark = pytest.mark.no_ray_start_record
 
@@ -27,8 +26,8 @@ def test_default_names_are_the_dataset_class_then_numbered():
 
 
 def test_a_ray_that_refuses_the_metrics_costs_one_warning_and_never_the_loop(monkeypatch):
-    from dpex import ray_metrics
-    from dpex.stats import LoaderStats
+    from dpex.observe import ray_metrics
+    from dpex.observe.stats import LoaderStats
 
     def refuse():
         raise ValueError("no such metric here")

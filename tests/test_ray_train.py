@@ -86,7 +86,7 @@ def test_a_rank_killed_mid_epoch_resumes_from_the_checkpoint_with_none_lost_or_r
 
 def test_zero_code_keeps_dpex_through_rays_own_prepare_data_loader(runs):
     _, facts = runs["zero-code"][0]
-    assert facts["type"] == "dpex.zero_code.ZeroCodeDataLoader"
+    assert facts["type"] == "dpex.integrations.zero_code.ZeroCodeDataLoader"
 
 
 def test_rays_own_prepare_on_a_dpex_loader_says_once_it_swapped_in_torchs(runs):

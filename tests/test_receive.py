@@ -1,4 +1,4 @@
-"""The receiving half of the iterator (dpex.receive): what it asks of Ray before a batch and
+"""The receiving half of the iterator (dpex.loader.receive): what it asks of Ray before a batch and
 at an epoch's end, and how often. Pure: Ray's calls are stood in for."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from ray.exceptions import GetTimeoutError
 
-from dpex import receive
-from dpex.stats import LoaderStats
+from dpex.loader import receive
+from dpex.observe.stats import LoaderStats
 
 pytestmark = pytest.mark.no_ray_start_record
 
@@ -18,7 +18,7 @@ def test_the_poll_for_arrivals_runs_at_most_every_5_ms(monkeypatch):
     """A loop of cheap batches asks for arrivals before every batch; one poll is a
     ``ray.wait`` over every call in flight (55-75 us of the trainer's CPU). 1,000 batches in
     one second of a fake clock poll at most 200 times, and a result is still seen."""
-    from dpex import receive
+    from dpex.loader import receive
 
     polls = []
     monkeypatch.setattr(receive, "ready_here", lambda refs: polls.append(refs) or [])

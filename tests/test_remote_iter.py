@@ -7,14 +7,10 @@ import gc
 
 import pytest
 import torch
-
-import dpex
-from dpex.dispatch import MAX_TASKS_PER_CALL
-from dpex.pool import POOL
 from helpers import (
+    EnvDataset,
     FailingDataset,
     RangeDataset,
-    EnvDataset,
     SlowDataset,
     TwoArgError,
     TwoArgFailingDataset,
@@ -24,6 +20,10 @@ from helpers import (
     counting_init_fn,
     wait_until,
 )
+
+import dpex
+from dpex.loader.dispatch import MAX_TASKS_PER_CALL
+from dpex.workers.pool import POOL
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.no_ray_start_record]
 

@@ -163,3 +163,25 @@ def test_iterable_dataset_without_state_says_it_cannot_resume_mid_epoch():
     state = loader.state_dict()
     with pytest.raises(ValueError, match="no state_dict"):
         dpex.DataLoader(ShardedIterable(20), batch_size=2, num_workers=2).load_state_dict(state)
+
+
+def test_a_state_saved_by_the_flat_layout_still_loads_and_resumes(tmp_path):
+    """``tests/data/state_dict_flat_layout.pt``: ``torch.save(loader.state_dict())`` by
+    dpex before its modules moved into folders (commit 98fd706), after epoch 0 and K
+    batches of epoch 1 of ``make_loader(True, False)``. It loads as a full pickle and with
+    ``weights_only``, and the rest of the run is torch's, in both modes. The state names
+    no dpex module at all, so no later move can break it."""
+    import os
+    import pickle
+
+    from conftest import TESTS_DIR
+
+    path = os.path.join(TESTS_DIR, "data", "state_dict_flat_layout.pt")
+    state = torch.load(path, weights_only=False)
+    assert b"dpex" not in pickle.dumps(state)
+    expected = uninterrupted(False)[8 + K:]
+    for mode in (False, True):
+        loader = make_loader(mode, False)
+        loader.load_state_dict(torch.load(path, weights_only=True))
+        assert_batches_equal(expected, [batch for _ in range(2) for batch in loader],
+                             f"distribute_mode={mode}")

@@ -19,10 +19,17 @@ from collections.abc import Mapping
 
 import pytest
 
-from dpex import growth_policy, scaling
-from dpex.growth_policy import Ask, merged
-from dpex.scaling import Autoscale, AutoscalePolicy, Window, allocate, plan_moves, throughput
-from dpex.store_budget import StoreBudget
+from dpex.elastic import growth_policy, scaling
+from dpex.elastic.growth_policy import Ask, merged
+from dpex.elastic.scaling import (
+    AutoscalePolicy,
+    Window,
+    allocate,
+    plan_moves,
+    throughput,
+)
+from dpex.elastic.store_budget import StoreBudget
+from dpex.workers.autoscale import Autoscale
 
 pytestmark = pytest.mark.no_ray_start_record
 
@@ -63,7 +70,8 @@ def synthetic_nodes(count: int, rng: random.Random) -> list[dict]:
 
 
 def counting_picker(nodes: list[dict]):
-    from dpex.placement import NodePicker, WorkerOptions
+    from dpex.elastic.placement import NodePicker
+    from dpex.workers.options import WorkerOptions
 
     reads = []
 
@@ -134,7 +142,8 @@ def test_placement_chooses_as_the_old_rule(seed):
     """Random clusters with tied CPUs, processes already placed (some unknown: None),
     nodes to avoid (sometimes all of them) and warm nodes: the same node every time, and
     a round places its processes where the old rule, reading the nodes each time, did."""
-    from dpex.placement import eligible_cpus, pick_node
+    from dpex.elastic.placement import pick_node
+    from dpex.workers.options import eligible_cpus
 
     rng = random.Random(seed)
     nodes = synthetic_nodes(rng.randint(1, 40), rng)

@@ -1,11 +1,19 @@
-"""The pure elastic policy (dpex.scaling): allocation, moves, autoscaling decisions."""
+"""The pure elastic policy (dpex.elastic.scaling): allocation, moves, autoscaling decisions."""
 
 from __future__ import annotations
 
 import pytest
 
-from dpex.scaling import (Autoscale, AutoscalePolicy, Window, allocate, node_limit,
-                          plan_moves, processes_for, throughput)
+from dpex.elastic.scaling import (
+    AutoscalePolicy,
+    Window,
+    allocate,
+    node_limit,
+    plan_moves,
+    processes_for,
+    throughput,
+)
+from dpex.workers.autoscale import Autoscale
 
 pytestmark = pytest.mark.no_ray_start_record
 

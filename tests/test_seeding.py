@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data._utils.worker import _generate_state
 
-from dpex.seeding import RngState, draw_base_seed, numpy_seed_state, seed_worker
+from dpex.epoch.seeding import RngState, draw_base_seed, numpy_seed_state, seed_worker
 
 pytestmark = pytest.mark.no_ray_start_record
 

@@ -1,4 +1,4 @@
-"""dpex.store_budget: the bytes of results in flight, bounded by a share of each node's object
+"""dpex.elastic.store_budget: the bytes of results in flight, bounded by a share of each node's object
 store (pure), and a real epoch of large batches in a small store."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import time
 
 import pytest
 import torch
+from helpers import LargeRandom, assert_batches_equal
 
 import dpex
-from dpex.store_budget import StoreBudget
-from helpers import LargeRandom, assert_batches_equal
+from dpex.elastic.store_budget import StoreBudget
 
 pytestmark = pytest.mark.no_ray_start_record
 
@@ -193,7 +193,7 @@ def store_bytes_used() -> int:
 def test_the_rebalancer_does_not_move_workers_while_the_store_holds_tasks_back():
     import time
 
-    from dpex.elastic import ElasticControl
+    from dpex.elastic.control import ElasticControl
 
     class Iterator:  # what _ready_to_move reads of the iterator
         _slots, _procs, _unarrived, _calls = [], [], {}, {}

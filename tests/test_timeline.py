@@ -1,13 +1,13 @@
-"""dpex.timeline: where each task's time went (pure), and the timeline a real epoch records."""
+"""dpex.observe.timeline: where each task's time went (pure), and the timeline a real epoch records."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers import AugmentedDataset
 
 import dpex
-from dpex.timeline import Timeline
-from helpers import AugmentedDataset
+from dpex.observe.timeline import Timeline
 
 pytestmark = pytest.mark.no_ray_start_record
 

@@ -12,21 +12,31 @@ from typing import List
 import pytest
 import torch
 import torch.utils.data
+from helpers import assert_batches_equal
 from torch.utils.data import (
     BatchSampler,
     SequentialSampler,
     get_worker_info,
 )
-
-import dpex
-from dpex import compat, zero_code
-from dpex.dataloader import TorchDataLoader
-from helpers import assert_batches_equal
 from torch_property_checks import W, build, outcomes, reference
 from torch_property_datasets import (
-    Counting, CountingIterable, FailingIter, NoGetItem, SleepOnce, SlowIndex,
-    WorkerInfoProbe, failing_init, nested_tensors, probe_worker_info, tensor_data,
+    Counting,
+    CountingIterable,
+    FailingIter,
+    NoGetItem,
+    SleepOnce,
+    SlowIndex,
+    WorkerInfoProbe,
+    failing_init,
+    nested_tensors,
+    probe_worker_info,
+    tensor_data,
 )
+
+import dpex
+from dpex import compat
+from dpex.dataloader import TorchDataLoader
+from dpex.integrations import zero_code
 
 pytestmark = [pytest.mark.usefixtures("ray_local", "patched"), pytest.mark.no_ray_start_record]
 

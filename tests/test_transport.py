@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dpex.transport import ZERO_COPY_MIN_BYTES, _WireTensor, from_wire, map_structure, to_wire
+from dpex.nested import map_structure
+from dpex.workers.transport import ZERO_COPY_MIN_BYTES, _WireTensor, from_wire, to_wire
 
 pytestmark = pytest.mark.no_ray_start_record
 

@@ -1,4 +1,4 @@
-"""dpex.user_code: which modules count as the user's own, and that an object wrapped with
+"""dpex.workers.user_code: which modules count as the user's own, and that an object wrapped with
 their sources unpickles, by reference, in a process that cannot import them (a fresh
 interpreter in another directory), with one real module shared by everything that uses it."""
 

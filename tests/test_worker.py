@@ -8,8 +8,8 @@ import torch
 import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from dpex.transport import from_wire
-from dpex.worker import DATA, Worker, WorkerConfig
+from dpex.workers.transport import from_wire
+from dpex.workers.worker import DATA, Worker, WorkerConfig
 
 pytestmark = pytest.mark.no_ray_start_record
 

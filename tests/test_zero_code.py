@@ -1,4 +1,4 @@
-"""Zero-code mode (dpex.zero_code): torch's DataLoader, as scripts and frameworks build it,
+"""Zero-code mode (dpex.integrations.zero_code): torch's DataLoader, as scripts and frameworks build it,
 becomes dpex's on Ray while patched, with torch's batches; ``dpex run`` does it to an
 unmodified script from a plain shell."""
 
@@ -13,12 +13,12 @@ import textwrap
 import pytest
 import torch
 import torch.utils.data
+from conftest import SRC_DIR, TESTS_DIR, user_env
+from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal
 
 import dpex
-from conftest import SRC_DIR, TESTS_DIR, user_env
-from dpex import zero_code
 from dpex.dataloader import TorchDataLoader
-from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal
+from dpex.integrations import zero_code
 
 BIN = os.path.dirname(sys.executable)
 
@@ -85,10 +85,10 @@ def test_while_patched_the_scripts_ray_jobs_patch_their_workers(monkeypatch):
     options = dpex.WorkerOptions(num_cpus=0.5)
     with dpex.patch(worker_options=options):
         hook = os.environ["RAY_RUNTIME_ENV_HOOK"]
-        assert hook == "dpex.zero_code.ray_runtime_env_hook"
+        assert hook == "dpex.integrations.zero_code.ray_runtime_env_hook"
         env = zero_code.ray_runtime_env_hook({"pip": []})
         assert env["pip"] == [] and env["env_vars"]["USERS_HOOK_RAN"] == "1"
-        assert env["worker_process_setup_hook"] == "dpex.zero_code._patch_ray_worker"
+        assert env["worker_process_setup_hook"] == "dpex.integrations.zero_code._patch_ray_worker"
         token = join._joining.set(True)  # dpex's own ray.init: its actors stay default
         try:
             assert "worker_process_setup_hook" not in zero_code.ray_runtime_env_hook(None)

@@ -7,16 +7,14 @@ import math
 
 import torch
 import torch.utils.data
+from helpers import REFERENCE_CONTEXT
 from torch.utils.data import (
     IterableDataset,
 )
+from torch_property_datasets import SEED, WORKERS, Batch, Data, tensor_data
 
-from dpex import zero_code
 from dpex.dataloader import TorchDataLoader
-from helpers import REFERENCE_CONTEXT
-from torch_property_datasets import Batch, Data, tensor_data
-
-from torch_property_datasets import SEED, WORKERS
+from dpex.integrations import zero_code
 
 W = dict(num_workers=WORKERS)  # the workers every case asks for
 

@@ -1,6 +1,6 @@
 """mkdocs hook: the package's source files are part of the site.
 
-The pages link to the sources as they sit in the repository (``../src/dpex/pool.py`` from
+The pages link to the sources as they sit in the repository (``../src/dpex/workers/pool.py`` from
 ``docs/``), which is what works on GitHub. This hook adds each ``src/dpex/**/*.py`` under
 that same path, so the links resolve on the built site as well and ``mkdocs build
 --strict`` fails on a link to a source file that does not exist.

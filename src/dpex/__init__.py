@@ -7,12 +7,12 @@ compat.check_supported_versions()  # before anything else touches torch's or Ray
 from dpex import distributed  # noqa: E402
 from dpex.cache import Cache, CacheError, cached  # noqa: E402
 from dpex.dataloader import DataLoader, DpexDataLoader  # noqa: E402
-from dpex.placement import WorkerOptions  # noqa: E402
-from dpex.pool import shutdown_pool  # noqa: E402
-from dpex.scaling import Autoscale  # noqa: E402
-from dpex.stats import StatsSnapshot  # noqa: E402
-from dpex.worker_info import get_worker_info  # noqa: E402
-from dpex.zero_code import patch  # noqa: E402
+from dpex.integrations.zero_code import patch  # noqa: E402
+from dpex.observe.stats import StatsSnapshot  # noqa: E402
+from dpex.workers.autoscale import Autoscale  # noqa: E402
+from dpex.workers.options import WorkerOptions  # noqa: E402
+from dpex.workers.pool import shutdown_pool  # noqa: E402
+from dpex.workers.worker_info import get_worker_info  # noqa: E402
 
 __all__ = [
     "Autoscale",

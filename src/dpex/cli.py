@@ -8,7 +8,7 @@ import sys
 
 # subcommand -> (module with ``add_arguments(parser)`` and ``run(args) -> int``, help)
 SUBCOMMANDS = {
-    "run": ("dpex.run_cli", "run a training script unchanged, its DataLoaders' workers on Ray"),
+    "run": ("dpex.integrations.run_cli", "run a training script unchanged, its DataLoaders' workers on Ray"),
     "bench": ("dpex.bench.cli", "benchmark dpex against torch's DataLoader and Ray Data"),
     "shard": ("dpex.datasets.shard_cli", "write a map-style dataset as tar or Parquet shards"),
     "cache": ("dpex.cache.cli", "list or remove the caches of dpex.cached stages"),

@@ -91,7 +91,9 @@ def check_supported_versions() -> None:
 
 def dataloader_has_in_order() -> bool:
     """torch's DataLoader takes ``in_order`` (torch 2.6 and later)."""
-    from torch.utils.data.dataloader import DataLoader  # torch's, whatever the public name is
+    from torch.utils.data.dataloader import (
+        DataLoader,  # torch's, whatever the public name is
+    )
 
     return "in_order" in inspect.signature(DataLoader.__init__).parameters
 

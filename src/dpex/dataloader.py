@@ -22,15 +22,20 @@ from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 from dpex import compat
 from dpex.cache import Cache
 from dpex.cache.private_folder import checked_folder
-from dpex.integrations import rebuilt
-from dpex.move_policy import MovePolicy
-from dpex.placement import WorkerOptions
-from dpex.ray_metrics import LoaderMetrics, default_name
-from dpex.resume import (EpochRecord, PendingResume, RecordingCollate, ResumingWorkerInit,
-                         epoch_length)
-from dpex.stats import LoaderStats, StatsSnapshot
-from dpex.timeline import Timeline
-from dpex.torch_mode import ResumingIndexSampler, TimedIterator, swapped
+from dpex.elastic.move_policy import MovePolicy
+from dpex.epoch.resume import (
+    EpochRecord,
+    PendingResume,
+    RecordingCollate,
+    ResumingWorkerInit,
+    epoch_length,
+)
+from dpex.loader import rebuilt
+from dpex.loader.torch_mode import ResumingIndexSampler, TimedIterator, swapped
+from dpex.observe.ray_metrics import LoaderMetrics, default_name
+from dpex.observe.stats import LoaderStats, StatsSnapshot
+from dpex.observe.timeline import Timeline
+from dpex.workers.options import WorkerOptions
 
 __all__ = ["DataLoader", "DpexDataLoader"]
 
@@ -131,7 +136,7 @@ class DataLoader(TorchDataLoader):
         self.name = default_name(dataset)  # its tag on Ray's metrics endpoint (ray_metrics)
         self._record = EpochRecord()
         self._timeline = Timeline()
-        # Worker id -> its recent results' bytes, kept over epochs (dpex.store_budget).
+        # Worker id -> its recent results' bytes, kept over epochs (dpex.elastic.store_budget).
         self._result_sizes: dict = {}
         self._pending_resume: PendingResume | None = None
         self._resume_sampler: ResumingIndexSampler | None = None
@@ -167,7 +172,7 @@ class DataLoader(TorchDataLoader):
     @property
     def timeout(self) -> float:
         """torch's argument, read as torch reads it. A read by a framework's code means the
-        framework is rebuilding this loader as torch's: ``dpex.integrations.rebuilt``."""
+        framework is rebuilding this loader as torch's: ``dpex.loader.rebuilt``."""
         if self.__dict__.get("distribute_mode") and self.num_workers > 0:
             rebuilt.note_read(sys._getframe(1))
         return self.__dict__["timeout"]
@@ -185,7 +190,7 @@ class DataLoader(TorchDataLoader):
     def __iter__(self) -> Iterator[Any]:
         if not self._uses_ray:
             return self._torch_iter()
-        from dpex.remote_iter import _RayDataLoaderIter
+        from dpex.loader.remote_iter import _RayDataLoaderIter
 
         # The same lifecycle as torch's persistent_workers: one iterator, reset per epoch.
         if self.persistent_workers:
@@ -257,7 +262,7 @@ class DataLoader(TorchDataLoader):
         if autoscale is None or not autoscale.grow_cluster:
             return None
         if self._growth is None and compat.cluster_has_autoscaler():
-            from dpex.cluster_growth import ClusterGrowth
+            from dpex.elastic.cluster_growth import ClusterGrowth
 
             top = min(autoscale.max_processes or self.num_workers, self.num_workers)
             options = self.worker_options
@@ -268,7 +273,7 @@ class DataLoader(TorchDataLoader):
     def timeline(self) -> Timeline:
         """Where each task's time went, in the last epochs (distributed mode): when it was
         sent, started, finished, received by the trainer and delivered to the loop.
-        ``print(loader.timeline().summary())`` names the slowest stage (``dpex.timeline``)."""
+        ``print(loader.timeline().summary())`` names the slowest stage (``dpex.observe.timeline``)."""
         return self._timeline
 
     def state_dict(self) -> dict[str, Any]:

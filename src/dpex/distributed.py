@@ -6,6 +6,10 @@ of their choosing. How both work: NOTE [ One Ray cluster for all ranks ], in
 ``dpex/ray_session/ranks.py``.
 """
 
-from dpex.ray_session.ranks import init_ray_for_ranks, ray_for_ranks, shutdown_ray_for_ranks
+from dpex.ray_session.ranks import (
+    init_ray_for_ranks,
+    ray_for_ranks,
+    shutdown_ray_for_ranks,
+)
 
 __all__ = ["init_ray_for_ranks", "ray_for_ranks", "shutdown_ray_for_ranks"]

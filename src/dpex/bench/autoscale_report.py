@@ -36,7 +36,7 @@ from pathlib import Path
 
 from dpex.bench.elastic_records import ElasticRecord
 from dpex.bench.report import Target, save_figure
-from dpex.scaling import Autoscale
+from dpex.workers.autoscale import Autoscale
 
 LIGHT_PHASE_WINDOWS = 3  # the light phase reaches its needed count within this many windows
 EXTRA_PROCESSES = 1  # a steady part may hold at most needed + this

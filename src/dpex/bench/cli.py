@@ -19,8 +19,14 @@ from pathlib import Path
 from dpex.bench.elastic_records import DEFAULT_WORKERS, ELASTIC_WORKLOADS
 from dpex.bench.grow import WORKLOAD as GROW
 from dpex.bench.runners import LOADERS
-from dpex.bench.suite import (ALL_WORKLOADS, DEFAULTS, SuiteConfig, load_results, run_suite,
-                              write_results)
+from dpex.bench.suite import (
+    ALL_WORKLOADS,
+    DEFAULTS,
+    SuiteConfig,
+    load_results,
+    run_suite,
+    write_results,
+)
 from dpex.bench.workloads import SIZES
 
 

@@ -50,8 +50,16 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from dpex.bench.elastic_records import (CALIBRATION_BATCHES, ITEMS_PER_CORE, LOAD, PHASE_S,
-                                        PHASES, ElasticConfig, ElasticRecord, progress_line)
+from dpex.bench.elastic_records import (
+    CALIBRATION_BATCHES,
+    ITEMS_PER_CORE,
+    LOAD,
+    PHASE_S,
+    PHASES,
+    ElasticConfig,
+    ElasticRecord,
+    progress_line,
+)
 
 # ------------------------------------------------------------------ this process: the parent
 
@@ -176,8 +184,8 @@ def run_elastic(workloads: list[str], config: ElasticConfig,
     """Run the selected elastic workloads; their records, and notes on what was skipped.
     scaleout and unequal each start their own pinned nodes (unequal's node 1 with its busy
     process) and stop them before the next workload runs."""
-    from dpex.testing.nodes import NodeCluster, why_not
     from dpex.bench.workloads import default_data_dir, jpeg_files
+    from dpex.testing.nodes import NodeCluster, why_not
 
     jpeg_files(Path(config.data_dir or default_data_dir()), count=256, width=500, height=375)
     counts, notes = pinned_nodes(workloads, config)

@@ -17,9 +17,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpex.bench.autoscale_report import (AutoscaleRow, PhaseResult, analyse_run,  # noqa: F401
-                                         autoscale_table, autoscale_targets, plot_autoscale,
-                                         stall_over_time, summarise_autoscale)
+from dpex.bench.autoscale_report import (  # noqa: F401
+    AutoscaleRow,
+    PhaseResult,
+    analyse_run,
+    autoscale_table,
+    autoscale_targets,
+    plot_autoscale,
+    stall_over_time,
+    summarise_autoscale,
+)
 from dpex.bench.elastic_records import ElasticRecord
 from dpex.bench.report import Target, save_figure
 

@@ -18,9 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dpex.bench.elastic_records import (BATCH_SIZE, ELASTIC_WORKLOADS, LOAD, PHASES,
-                                        PREFETCH_FACTOR, RAY_WORKER_NICENESS, ElasticRecord,
-                                        Epoch)
+from dpex.bench.elastic_records import (
+    BATCH_SIZE,
+    ELASTIC_WORKLOADS,
+    LOAD,
+    PHASES,
+    PREFETCH_FACTOR,
+    RAY_WORKER_NICENESS,
+    ElasticRecord,
+    Epoch,
+)
 
 # ------------------------------------------------------------------ picklable helpers
 
@@ -191,8 +198,8 @@ def _dpex_loader(dataset, workers: int, address: str | None, options: dict, **ex
 
 
 def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
-    from dpex.testing.nodes import upto_resource
     from dpex import ray_session
+    from dpex.testing.nodes import upto_resource
 
     ray_session.connect(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]
@@ -209,8 +216,8 @@ def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
 
 
 def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
-    from dpex.testing.nodes import upto_resource
     from dpex import ray_session
+    from dpex.testing.nodes import upto_resource
 
     ray_session.connect(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]
@@ -290,9 +297,9 @@ def run_schedule(rec: ElasticRecord, loader, steps: list[float], phase_s: float)
 
 def child_autoscale(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     import dpex
+    from dpex import ray_session
     from dpex.bench.runners import wait_for_workers_to_exit
     from dpex.bench.workloads import JpegFolder
-    from dpex import ray_session
 
     dataset = JpegFolder(_jpeg_files(spec["data_dir"]), 10**6)
     # One worker's service time, per loader: dpex's process collates into ordinary memory,

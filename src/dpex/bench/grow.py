@@ -156,8 +156,9 @@ def run_phases(rec: ElasticRecord, loader, steps: list[float], lengths: list[flo
 
 
 def run_once(head, spec: dict, repeat: int, service_s: float) -> ElasticRecord:
-    import dpex
     import torch
+
+    import dpex
 
     steps = [service_s * factor for _, factor in PHASES]
     lengths = phase_lengths(spec["phase_s"], spec["idle_timeout_s"])

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from dpex.cache.reads import Signature
-from dpex.transport import map_structure
+from dpex.nested import map_structure
 
 
 @dataclass(frozen=True)

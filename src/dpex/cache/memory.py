@@ -20,7 +20,7 @@ from typing import Any
 from dpex.cache import disk, entries
 from dpex.cache.options import Cache, user
 from dpex.cache.owner import block_parts, existing_owner, owner_for, seal
-from dpex.placement import object_store_capacities
+from dpex.ray_session import object_store_capacities
 
 _SYNC_S = 0.5  # how often a process reads its node owner's new entries
 _SEND_EVERY = 16  # entries sent to the owner in one call (or every _SYNC_S)

@@ -41,10 +41,17 @@ from collections import Counter
 from typing import Any
 
 from dpex.cache import disk, entries, reads
-from dpex.cache.memory import MemoryTier
 from dpex.cache.fingerprint import entry_key, names_a_file, namespace
+from dpex.cache.memory import MemoryTier
 from dpex.cache.options import Cache
-from dpex.cache.policy import CACHE, MEASURING, MIN_SAMPLES, RECOMPUTE, UNSEEN, CostModel
+from dpex.cache.policy import (
+    CACHE,
+    MEASURING,
+    MIN_SAMPLES,
+    RECOMPUTE,
+    UNSEEN,
+    CostModel,
+)
 from dpex.cache.rng_guard import RngSnapshot
 
 _ACTIVE: CacheRuntime | None = None

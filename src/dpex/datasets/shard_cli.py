@@ -23,7 +23,6 @@ from typing import Any
 from dpex.datasets._fs import coerce_option
 from dpex.datasets.shard import FORMATS, write_shards
 
-
 _EPILOG = """\
 DATASET is MODULE:NAME. MODULE is a dotted module name or a path to a .py file;
 NAME is a dataset object in it, or a callable returning one (called with --kwargs).

@@ -8,9 +8,9 @@
   the trainer's loggers (imports lightning). Lightning needs nothing else: its sampler
   injection keeps a dpex loader as is, and DDP ranks share one Ray by themselves
   (``dpex.ray_session``).
-* ``dpex.integrations.rebuilt``: the one warning when plain accelerate or Ray Train
+* ``dpex.loader.rebuilt``: the one warning when plain accelerate or Ray Train
   rebuilds a dpex loader as torch's, and the rebuild back (``dpex_like``).
 
 Frameworks that build torch's loader themselves (HF ``transformers.Trainer``) need no
-module: run the script with ``dpex run`` (``dpex.zero_code``).
+module: run the script with ``dpex run`` (``dpex.integrations.zero_code``).
 """

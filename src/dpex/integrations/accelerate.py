@@ -3,7 +3,7 @@
 ``accelerate.Accelerator.prepare(loader)`` rebuilds every DataLoader as its own
 ``DataLoaderShard`` around a new ``torch.utils.data.DataLoader`` built from torch's
 constructor arguments only, so a dpex loader becomes torch's (plain accelerate gets one
-warning saying so: ``dpex.integrations.rebuilt``). accelerate offers no
+warning saying so: ``dpex.loader.rebuilt``). accelerate offers no
 hook for the class it builds. Here, after accelerate has prepared a loader its own way
 (sharding across processes, device placement, RNG synchronisation), the torch loader
 inside the prepared one (its public ``base_dataloader``) is replaced by a dpex loader built
@@ -27,9 +27,11 @@ from typing import Any
 
 import accelerate
 from accelerate.data_loader import DataLoaderAdapter
+
 from dpex.dataloader import DataLoader as DpexDataLoader
 from dpex.dataloader import TorchDataLoader
-from dpex.integrations import build_back, rebuilt
+from dpex.integrations import build_back
+from dpex.loader import rebuilt
 
 __all__ = ["Accelerator", "prepare"]
 

@@ -4,7 +4,7 @@
 the loader as ``torch.utils.data.DataLoader(...)`` with a ``DistributedSampler`` (and, after
 ``ray.train.torch.enable_reproducibility``, a seeded generator and ``worker_init_fn``), so a
 dpex loader would load with torch's local processes from then on (dpex warns once when it
-sees that: ``dpex.integrations.rebuilt``). This function takes the same arguments and lets
+sees that: ``dpex.loader.rebuilt``). This function takes the same arguments and lets
 Ray build exactly what it builds, then builds the dpex loader back from it:
 
 * the sampler, generator and ``worker_init_fn`` are Ray's, so the batches are those of
@@ -28,11 +28,12 @@ import collections.abc
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 import ray.train.torch
+import torch
 
 from dpex.dataloader import DataLoader as DpexDataLoader
-from dpex.integrations import build_back, rebuilt
+from dpex.integrations import build_back
+from dpex.loader import rebuilt
 
 __all__ = ["DeviceLoader", "prepare_data_loader"]
 

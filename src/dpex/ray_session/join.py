@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import socket
+import sys
 from contextvars import ContextVar
 from urllib.parse import urlparse
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import ray
 
-from dpex import session_handles
 from dpex.cache.options import user
+from dpex.ray_session import session_handles
 from dpex.share.hub import hub_for
 
 # How long a loader waits, once, for its stream's hub to answer before it goes on alone.

@@ -47,9 +47,20 @@ import tempfile
 import time
 from typing import Optional
 
-from dpex.testing.autoscaling_config import (FAKE_HEAD_NODE_ID, HEAD_NODE_TYPE, MIB,
-                                           autoscaling_config, validate)
-from dpex.testing.process_tree import cluster_processes, end_processes, free_port, has_env
+from dpex.testing.autoscaling_config import (
+    FAKE_HEAD_NODE_ID,
+    HEAD_NODE_TYPE,
+    MIB,
+    autoscaling_config,
+    validate,
+)
+from dpex.testing.process_tree import (
+    cluster_processes,
+    end_processes,
+    free_port,
+    has_env,
+)
+
 
 class AutoscalingHead:
     """A Ray head with a real autoscaler (fake_multinode provider) on this machine.

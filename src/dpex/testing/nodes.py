@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import shlex
+import shutil
 import signal
 import subprocess
 import sys

@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 import torch
 
-
 SLOTS = 4  # at most, per local process
 MAX_BYTES = 1024 * 2**20  # their rooms, in all
 _PAGE = 4096  # the flag's page, before the room

@@ -54,7 +54,7 @@ class StatsSnapshot:
         per_worker: batches delivered per worker id.
         per_node: batches delivered per Ray node id of the process that made them
             (distributed mode only; ``"local"`` for the local processes a cold process
-            begins on, see ``dpex.local_start``).
+            begins on, see ``dpex.workers.local_start``).
         worker_restarts: workers replaced after they died.
         processes: worker processes hosting the logical workers now (distributed mode).
         process_timeline: ``(elapsed_s, processes)`` at each change of the count.
@@ -203,7 +203,7 @@ class LoaderStats:
         self.max_in_flight = max(self.max_in_flight, depth)
 
     def set_store(self, budget: Any) -> None:
-        """What a ``StoreBudget`` (dpex.store_budget) counts now; its held time adds up."""
+        """What a ``StoreBudget`` (dpex.elastic.store_budget) counts now; its held time adds up."""
         self.store_in_flight = budget.in_flight_by_node()
         for node, peak in budget.peak.items():
             self.max_store_in_flight[node] = max(self.max_store_in_flight.get(node, 0), peak)

@@ -31,7 +31,7 @@ import ray
 
 from dpex import process_ends
 from dpex.cache import runtime as cache_runtime
-from dpex.worker import Worker
+from dpex.workers.worker import Worker
 
 LOCAL_NODE = "local"  # the node id of a local process, in ``loader.stats().per_node`` too
 _METHODS = ("begin", "fetch", "drop", "reset_epoch", "rewind", "release", "ready")

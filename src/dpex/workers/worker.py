@@ -25,15 +25,15 @@ from typing import Any
 
 import torch
 
-from dpex import allocator, transport, user_code
 from dpex.cache import runtime as cache_runtime
-from dpex.errors import RemoteError
-from dpex.fetcher import make_fetcher
-from dpex.niceness import set_every_thread
-from dpex.pipe_slots import SlotPool
-from dpex.resume import WorkerPosition, dataset_state, restore_position
-from dpex.seeding import RngState, seed_worker
 from dpex.compat import clear_worker_info, set_worker_info
+from dpex.epoch.resume import WorkerPosition, dataset_state, restore_position
+from dpex.epoch.seeding import RngState, seed_worker
+from dpex.workers import allocator, transport, user_code
+from dpex.workers.errors import RemoteError
+from dpex.workers.fetcher import make_fetcher
+from dpex.workers.niceness import set_every_thread
+from dpex.workers.pipe_slots import SlotPool
 
 # Outcome kinds of one task.
 DATA, ERROR, END = "data", "error", "end"
@@ -84,8 +84,8 @@ class TaskResult:
     dataset_state: Any = None  # IterableDataset.state_dict() after this task, if it has one
     busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
     cpu_s: float = 0.0  # the CPU time its threads used meanwhile (what the task costs a node)
-    finished_at: float = 0.0  # wall clock when it finished (dpex.timeline)
-    nbytes: int = 0  # its tensors' bytes in Ray's object store (dpex.store_budget)
+    finished_at: float = 0.0  # wall clock when it finished (dpex.observe.timeline)
+    nbytes: int = 0  # its tensors' bytes in Ray's object store (dpex.elastic.store_budget)
     cache: dict | None = None  # the process's cache counters since its last result
     made_on: str | None = None  # set by the trainer: the node of the process that made it
 
@@ -107,7 +107,7 @@ class _Replica:
 class Worker:
     """One worker process hosting logical workers; see the module docstring.
 
-    As a Ray actor it is a process of the warm pool (``dpex.pool``): constructed empty, it
+    As a Ray actor it is a process of the warm pool (``dpex.workers.pool``): constructed empty, it
     hosts a fresh logical worker at each ``begin``, drops one at ``drop`` (it moved to
     another process) and all at ``release``.
     """
@@ -258,7 +258,7 @@ class Worker:
     def spilled_bytes(self) -> int | None:
         """Ray's spilled bytes (``placement.spilled_bytes``), read here, in a Ray process: the
         trainer keeps grpcio out (NOTE [ dpex How Each Process Ends ], forked children)."""
-        from dpex.placement import spilled_bytes
+        from dpex.ray_session import spilled_bytes
 
         return spilled_bytes()
 

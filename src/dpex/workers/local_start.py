@@ -47,12 +47,12 @@ import ray
 import torch
 
 from dpex import ray_session
-from dpex.local_workers import LOCAL_NODE, LocalActor, wait
-from dpex.pool import POOL
+from dpex.workers.local_workers import LOCAL_NODE, LocalActor, wait
+from dpex.workers.pool import POOL
 
 if TYPE_CHECKING:
-    from dpex.process_handle import ProcessHandle
-    from dpex.placement import WorkerOptions
+    from dpex.workers.options import WorkerOptions
+    from dpex.workers.process_handle import ProcessHandle
 
 
 def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) -> bool:
@@ -82,7 +82,7 @@ class LocalStart:
 
     def _start_locally(self, dataset: Any, config: Any, count: int) -> None:
         """Fork ``count`` local processes (the NOTE's step 1), then start the head (2)."""
-        from dpex.process_handle import ProcessHandle
+        from dpex.workers.process_handle import ProcessHandle
 
         for _ in range(count):
             self._proc_serial += 1

@@ -37,7 +37,7 @@ import warnings
 from collections import Counter as Tally
 from typing import Any
 
-from dpex.stats import LoaderStats
+from dpex.observe.stats import LoaderStats
 
 __all__ = ["LoaderMetrics", "PUBLISH_EVERY_S", "default_name"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from dpex import zero_code
+from dpex.integrations import zero_code
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

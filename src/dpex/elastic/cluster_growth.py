@@ -54,8 +54,9 @@ from typing import Any
 
 import ray
 
-from dpex import compat, session_handles
-from dpex.growth_policy import Ask, bundle_for, merged, processes_within
+from dpex import compat
+from dpex.elastic.growth_policy import Ask, bundle_for, merged, processes_within
+from dpex.ray_session import session_handles
 
 _BOARD_NAME = "dpex-cluster-requests"
 _NAMESPACE = "dpex"

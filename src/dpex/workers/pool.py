@@ -67,8 +67,8 @@ from typing import Any
 
 import ray
 
-from dpex import session_handles
-from dpex.placement import WorkerOptions
+from dpex.ray_session import session_handles
+from dpex.workers.options import WorkerOptions
 
 _RESERVING = ("num_cpus", "num_gpus", "memory", "resources")
 

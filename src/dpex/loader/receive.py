@@ -16,10 +16,16 @@ from ray.exceptions import (
     RayActorError,
 )
 
-from dpex import transport
-from dpex.local_workers import LocalActor, LocalProcessDied, get, ready_here, wait
-from dpex.resume import WorkerPosition
-from dpex.worker import DATA, END, TaskResult
+from dpex.epoch.resume import WorkerPosition
+from dpex.workers import transport
+from dpex.workers.local_workers import (
+    LocalActor,
+    LocalProcessDied,
+    get,
+    ready_here,
+    wait,
+)
+from dpex.workers.worker import DATA, END, TaskResult
 
 # How long one wait on Ray may block before the iterator checks on starting workers.
 _WAIT_SLICE_S = 1.0

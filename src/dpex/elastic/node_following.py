@@ -21,12 +21,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from dpex.cluster_growth import ADDED_NODE_KEEP_S
-from dpex.placement import NoEligibleNodeError, eligible_node_cpus
-from dpex.scaling import Window, allocate
+from dpex.elastic.cluster_growth import ADDED_NODE_KEEP_S
+from dpex.elastic.scaling import Window, allocate
+from dpex.workers.options import NoEligibleNodeError, eligible_node_cpus
 
 if TYPE_CHECKING:
-    from dpex.process_handle import ProcessHandle
+    from dpex.workers.process_handle import ProcessHandle
 
 
 class NodeFollowing:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from dpex.local_workers import LocalActor
 from dpex.share import keys
+from dpex.workers.local_workers import LocalActor
 
 if TYPE_CHECKING:
-    from dpex.process_handle import WorkerSlot
+    from dpex.workers.process_handle import WorkerSlot
 
 
 class Sharing:

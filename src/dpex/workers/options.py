@@ -1,24 +1,17 @@
-"""Where worker processes go: their Ray resources and the choice of node for each.
+"""What a user asks of a distributed loader's worker processes, and which nodes can host one.
 
-``WorkerOptions`` is the loader's ``worker_options`` argument. Node choice is explicit: dpex
-lists the alive nodes that may host a worker (they have CPUs, carry the required resources
-and labels, and are not the trainer's node when ``avoid_trainer_node``), and places
-processes on them in proportion to their CPUs (``scaling.allocate``), each pinned with a hard
-node affinity. Equal nodes get processes round-robin; a node with twice the CPUs gets twice
-the processes; a replacement for a dead process, or a process added by the autoscaler, goes
-to the node with the most CPUs per process among those alive right now (a node that joined
-mid-epoch included). The processes started together (a loader's first ones, those the
-autoscaler adds at once) are placed on one reading of the nodes (``NodePicker.placement_round``):
-the choice itself (``pick_node``) is one pass over the nodes, so placing P processes on N
-nodes costs one call to Ray and O(N + P) each, not a call to Ray and O(N * P) each.
+``WorkerOptions`` is the loader's ``worker_options`` argument: each worker actor's Ray
+resources, niceness and environment (``actor_options``), and the pool and local-start
+switches. Its ``autoscale`` is a ``dpex.Autoscale`` (autoscale.py), the opt-in elastic
+process count that the elastic control (``dpex.elastic``) acts on. ``eligible_cpus`` says which alive nodes may host a worker:
+they have CPUs, carry the required resources and labels, and are not the trainer's node
+when ``avoid_trainer_node``; the choice among them is ``dpex.elastic.placement``'s.
 """
 
 from __future__ import annotations
 
 import os
-from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +19,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dpex import compat, ray_session
-from dpex.scaling import Autoscale
+from dpex.workers.autoscale import Autoscale
 
 
 @dataclass(frozen=True)
@@ -55,7 +48,7 @@ class WorkerOptions:
         ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env`` (its
             ``env_vars`` are merged with the ones dpex passes, not replaced).
         ship_modules: which of your own modules' sources travel to the workers with the
-            dataset, for nodes that cannot import them (see ``dpex.user_code``): ``"auto"``
+            dataset, for nodes that cannot import them (see ``dpex.workers.user_code``): ``"auto"``
             (default) ships the modules imported here that are neither installed nor the
             standard library, whenever the workers run on a cluster dpex did not start
             itself; a list of module names ships those; ``None`` ships nothing (your code is
@@ -64,7 +57,7 @@ class WorkerOptions:
             back after the epoch (default), so an epoch without ``persistent_workers`` does
             not start new Python processes. Each epoch still gets fresh workers (a new
             dataset replica, ``worker_init_fn`` run again, torch's seeds); a reused process
-            keeps its module globals (see ``dpex.pool``). False: fresh processes each epoch.
+            keeps its module globals (see ``dpex.workers.pool``). False: fresh processes each epoch.
         idle_timeout_s: how long a worker process given back to the pool stays warm before
             it is stopped (``dpex.shutdown_pool()`` stops the idle ones at once).
         num_processes: how many worker processes host the loader's ``num_workers`` logical
@@ -72,7 +65,7 @@ class WorkerOptions:
             workers is allowed; the batches stay bitwise those of torch's loader with the
             same ``num_workers`` (each logical worker keeps its replica and RNG stream).
         autoscale: a ``dpex.Autoscale`` to let the process count follow the training loop's
-            data stalls (overrides ``num_processes``); see ``dpex.scaling``.
+            data stalls (overrides ``num_processes``); see ``dpex.elastic.scaling``.
         rebalance: move logical workers off processes that fall behind (a busy or slower
             node) onto faster ones, between two of their tasks, so one slow node does not
             set the pace of the loader. Moves never change the batches.
@@ -90,7 +83,7 @@ class WorkerOptions:
         local_start: in a process with no Ray yet that would start the embedded one, begin
             on local processes forked from the trainer (as torch's workers are) while Ray
             starts in a helper process, then move each logical worker to a Ray process:
-            the first batch as soon as torch's, the same batches (see ``dpex.local_start``).
+            the first batch as soon as torch's, the same batches (see ``dpex.workers.local_start``).
 
     Example:
         >>> opts = WorkerOptions(num_cpus=1, avoid_trainer_node=True)
@@ -203,28 +196,6 @@ def trainer_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in TRAINER_ENV_VARS if name in os.environ}
 
 
-def object_store_capacities() -> dict[str, float]:
-    """Each alive node's object store, in bytes (its ``object_store_memory`` resource)."""
-    return {node["NodeID"]: node.get("Resources", {}).get("object_store_memory", 0.0)
-            for node in ray.nodes() if node.get("Alive")}
-
-
-def spilled_bytes() -> int | None:
-    """Bytes Ray has spilled from the object stores to disk since the cluster started (all
-    of its users, not only this loader); None where it cannot say. Ray reports it only
-    through a private API (what ``ray memory --stats-only`` prints), so it is read here
-    alone, once per epoch, and any failure of that API reads as None. It opens a grpcio
-    channel: call it in a Ray process (``Worker.spilled_bytes``), never in the trainer."""
-    try:
-        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
-
-        address = ray.get_runtime_context().gcs_address
-        reply = get_memory_info_reply(get_state_from_address(address), timeout_seconds=5.0)
-        return int(reply.store_stats.spilled_bytes_total)
-    except Exception:
-        return None
-
-
 def eligible_nodes(options: WorkerOptions, trainer_node_id: str | None) -> list[str]:
     """IDs of the alive nodes that may host a worker, in a stable order."""
     return sorted(eligible_node_cpus(options, trainer_node_id))
@@ -257,129 +228,6 @@ def eligible_cpus(nodes: Iterable[Mapping[str, Any]], options: WorkerOptions,
         eligible[node["NodeID"]] = resources["CPU"]
     return eligible
 
-
-def pick_node(node_cpus: Mapping[str, float], processes_on: Mapping[str, int],
-              avoid: Collection[str] = frozenset(), warm: Collection[str] = frozenset(),
-              order: Sequence[str] | None = None) -> str:
-    """The node for one more process. Pure; one pass over the nodes.
-
-    Args:
-        node_cpus: the eligible nodes and their CPUs (not empty).
-        processes_on: how many of the loader's processes each node hosts now (a node not
-            in it hosts none).
-        avoid: nodes to skip unless every eligible node is in it.
-        warm: nodes where the pool holds an idle process.
-        order: ``sorted(node_cpus)``, when the caller keeps it (a placement round does).
-
-    The node with the most CPUs per process after adding this one wins; ties go to the node
-    with fewer processes (spread), then to one in ``warm``, then to the first in ``order``,
-    so equal nodes fill round-robin.
-
-    >>> pick_node({"a": 4.0, "b": 16.0}, {"b": 2})  # 16 / 3 CPUs each against 4
-    'b'
-    >>> pick_node({"a": 4.0, "b": 8.0}, {"b": 1})  # 4 each either way: fewer processes
-    'a'
-    >>> pick_node({"a": 4.0, "b": 4.0}, {}, warm={"b"})
-    'b'
-    """
-    order = sorted(node_cpus) if order is None else order
-    candidates = [n for n in order if n not in avoid] if avoid else order
-    best, best_key = None, None
-    for node in candidates or order:
-        count = processes_on.get(node, 0)
-        key = (node_cpus[node] / (count + 1), -count, node in warm)
-        if best_key is None or key > best_key:  # strictly: the first in order keeps a tie
-            best, best_key = node, key
-    return best
-
-
-def process_capacity(current: int, node_cpus: Mapping[str, float], free_cpus: float,
-                     num_cpus: float | None) -> int:
-    """How many processes the cluster can host for a loader that runs ``current`` now: one
-    per CPU of the eligible nodes (``node_cpus``) that no one has reserved (``free_cpus``,
-    the cluster's); with ``num_cpus`` per worker, as many more as fit in the free CPUs.
-    Pure."""
-    if num_cpus:
-        return current + int(free_cpus // num_cpus)
-    return max(current, int(min(sum(node_cpus.values()), free_cpus)))
-
-
-class NodePicker:
-    """Places processes on eligible nodes in proportion to their CPUs.
-
-    The cluster is read through ``read_nodes`` (``ray.nodes``) and ``read_available``
-    (``ray.available_resources``); a placement round (``placement_round``) reads the nodes
-    once for all the processes it places.
-    """
-
-    def __init__(self, options: WorkerOptions, trainer_node_id: str | None = None,
-                 read_nodes: Callable[[], list[dict]] | None = None,
-                 read_available: Callable[[], dict[str, float]] | None = None) -> None:
-        self.options = options
-        self.trainer_node_id = (trainer_node_id if trainer_node_id is not None
-                                else ray.get_runtime_context().get_node_id())
-        self._read_nodes = read_nodes or ray.nodes
-        self._read_available = read_available or ray.available_resources
-        self._round: tuple[dict[str, float], list[str]] | None = None  # (cpus, sorted ids)
-        self._round_depth = 0
-
-    def eligible(self) -> dict[str, float]:
-        """The eligible nodes' CPUs: read now, or in a placement round its one reading."""
-        if self._round is not None:
-            return self._round[0]
-        cpus = eligible_cpus(self._read_nodes(), self.options, self.trainer_node_id)
-        if self._round_depth:
-            self._round = (cpus, sorted(cpus))
-        return cpus
-
-    @contextmanager
-    def placement_round(self) -> Iterator[None]:
-        """Place several processes on one reading of the cluster's nodes: inside it,
-        ``node_for`` and ``capacity`` read the nodes once (the first time either needs
-        them; a round that places nothing reads nothing), not once per process placed.
-        Rounds nest: an inner one keeps the outer one's reading."""
-        self._round_depth += 1
-        try:
-            yield
-        finally:
-            self._round_depth -= 1
-            if self._round_depth == 0:
-                self._round = None
-
-    def node_for(self, existing: list[str | None], avoid: set[str] = frozenset(),
-                 warm: set[str] = frozenset()) -> str | None:
-        """The node for one more process, given the nodes of the loader's other processes;
-        None to let Ray choose (``spread=False``).
-
-        The node with the most CPUs per process (after adding this one) wins; ties go to the
-        node with fewer processes (spread), then to a node in ``warm`` (the pool holds an
-        idle process there: it starts at once, and a node the autoscaler added is not woken
-        while another holds an idle process), then to the first in a stable order, so equal
-        nodes fill round-robin. Nodes in ``avoid`` are skipped unless nothing else is
-        eligible (``pick_node``).
-        """
-        if not self.options.spread:
-            return None
-        cpus = self.eligible()
-        order = self._round[1] if self._round is not None else sorted(cpus)
-        if not cpus:
-            raise NoEligibleNodeError(self.describe_request())
-        return pick_node(cpus, Counter(existing), avoid, warm, order)
-
-    def capacity(self, current: int) -> int:
-        """How many processes the cluster can host for this loader now: one per CPU of the
-        eligible nodes that no one has reserved (``num_cpus`` workers: as many as fit)."""
-        free = self._read_available().get("CPU", 0.0)
-        node_cpus = {} if self.options.num_cpus else self.eligible()
-        return process_capacity(current, node_cpus, free, self.options.num_cpus)
-
-    def describe_request(self) -> str:
-        return (
-            f"a node with {self.options.num_cpus or 'any'} CPU(s), resources "
-            f"{dict(self.options.resources)}, labels {dict(self.options.labels)}"
-            + (", other than the trainer's node" if self.options.avoid_trainer_node else "")
-            + f"; the cluster has {self._read_available()} available"
-        )
 
 
 class NoEligibleNodeError(RuntimeError):

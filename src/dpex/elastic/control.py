@@ -84,17 +84,23 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from dpex.delivery import judged
-from dpex.move_policy import MovePolicy, Verdict
-from dpex.node_following import NodeFollowing
-from dpex.placement import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
-from dpex.scaling import (AutoscalePolicy, Window, median, node_limit, plan_moves,
-                          processes_for)
+from dpex.elastic.move_policy import MovePolicy, Verdict
+from dpex.elastic.node_following import NodeFollowing
+from dpex.elastic.scaling import (
+    AutoscalePolicy,
+    Window,
+    median,
+    node_limit,
+    plan_moves,
+    processes_for,
+)
+from dpex.observe.delivery import judged
+from dpex.workers.options import NoEligibleNodeError, WorkerOptions, eligible_node_cpus
 
 if TYPE_CHECKING:
-    from dpex.cluster_growth import ClusterGrowth
-    from dpex.lifecycle import ProcessLifecycle
-    from dpex.process_handle import ProcessHandle
+    from dpex.elastic.cluster_growth import ClusterGrowth
+    from dpex.workers.lifecycle import ProcessLifecycle
+    from dpex.workers.process_handle import ProcessHandle
 
 # Rebalance only when the loop waited more than this share of a window, and only for a
 # predicted gain of at least this factor.

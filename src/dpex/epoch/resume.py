@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dpex.seeding import RngState, draw_base_seed, seed_worker
+from dpex.epoch.seeding import RngState, draw_base_seed, seed_worker
 
 STATE_VERSION = 1
 
@@ -185,7 +185,7 @@ class Recorded:
         self.batch, self.worker_id, self.rng, self.dataset_state = batch, worker_id, rng, dataset_state
 
     def pin_memory(self, device=None) -> Recorded:  # torch's pin-memory thread calls this
-        from dpex.transport import pin_memory
+        from dpex.nested import pin_memory
 
         return Recorded(pin_memory(self.batch), self.worker_id, self.rng, self.dataset_state)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from dpex import session_handles
-from dpex.delivery import DeliveryRecord, slower_time, speed
-from dpex.resume import WorkerPosition
+from dpex.epoch.resume import WorkerPosition
+from dpex.observe.delivery import DeliveryRecord, slower_time, speed
+from dpex.ray_session import session_handles
 
 
 class ProcessHandle:

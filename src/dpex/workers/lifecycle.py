@@ -15,12 +15,13 @@ import weakref
 import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayError
 
-from dpex import session_handles, user_code
-from dpex.local_workers import LocalActor, LocalProcessDied, get, stop_all
-from dpex.placement import NoEligibleNodeError, eligible_nodes
-from dpex.pool import POOL, kill_quietly
-from dpex.process_handle import ProcessHandle, WorkerSlot
-from dpex.worker import Worker
+from dpex.ray_session import session_handles
+from dpex.workers import user_code
+from dpex.workers.local_workers import LocalActor, LocalProcessDied, get, stop_all
+from dpex.workers.options import NoEligibleNodeError, eligible_nodes
+from dpex.workers.pool import POOL, kill_quietly
+from dpex.workers.process_handle import ProcessHandle, WorkerSlot
+from dpex.workers.worker import Worker
 
 _RemoteWorker = None
 

@@ -53,12 +53,12 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from dpex.local_workers import LOCAL_NODE
-from dpex.placement import object_store_capacities
-from dpex.resume import WorkerPosition, epoch_length
+from dpex.epoch.resume import WorkerPosition, epoch_length
+from dpex.ray_session import object_store_capacities
+from dpex.workers.local_workers import LOCAL_NODE
 
 if TYPE_CHECKING:
-    from dpex.process_handle import WorkerSlot
+    from dpex.workers.process_handle import WorkerSlot
 
 # A call carries about this much work, and never more than MAX_TASKS_PER_CALL tasks.
 CALL_WORK_S = 0.005

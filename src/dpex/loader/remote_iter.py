@@ -71,19 +71,22 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
-from dpex import process_ends, ray_session, session_handles, transport, user_code
-from dpex.dispatch import Dispatch
-from dpex.elastic import ElasticControl
-from dpex.lifecycle import ProcessLifecycle, live_iterators
-from dpex.process_handle import ProcessHandle, WorkerSlot
-from dpex.local_start import LocalStart, can_start_locally
-from dpex.placement import NodePicker, WorkerOptions, object_store_capacities
-from dpex.receive import Receive
-from dpex.sharing import Sharing
-from dpex.store_budget import StoreBudget
-from dpex.resume import EpochRecord, PendingResume, epoch_length, skipping
-from dpex.seeding import draw_base_seed
-from dpex.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
+from dpex import nested, process_ends, ray_session
+from dpex.elastic.control import ElasticControl
+from dpex.elastic.placement import NodePicker
+from dpex.elastic.store_budget import StoreBudget
+from dpex.epoch.resume import EpochRecord, PendingResume, epoch_length, skipping
+from dpex.epoch.seeding import draw_base_seed
+from dpex.loader.dispatch import Dispatch
+from dpex.loader.receive import Receive
+from dpex.ray_session import object_store_capacities, session_handles
+from dpex.share.iterator_half import Sharing
+from dpex.workers import transport, user_code
+from dpex.workers.lifecycle import ProcessLifecycle, live_iterators
+from dpex.workers.local_start import LocalStart, can_start_locally
+from dpex.workers.options import WorkerOptions
+from dpex.workers.process_handle import ProcessHandle, WorkerSlot
+from dpex.workers.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
 
 if TYPE_CHECKING:  # dpex's loader, a torch DataLoader, which imports this module
     from torch.utils.data import DataLoader
@@ -182,7 +185,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
 
     def _setup_ray(self) -> None:
         """What the Ray processes need: the dataset in the object store (once), the config,
-        with the user's own modules where they travel (see dpex.user_code)."""
+        with the user's own modules where they travel (see dpex.workers.user_code)."""
         code = user_code.bundle_for(self._options.ship_modules, embedded=ray_session.owns_ray_session())
         session_handles.hold(self)
         self._dataset_ref = ray.put(user_code.wrap(self._dataset, code))
@@ -307,7 +310,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         if result.kind == ERROR:
             result.payload.reraise()
         data = transport.from_wire(result.payload)
-        return transport.pin_memory(data) if self._pin_memory else data
+        return nested.pin_memory(data) if self._pin_memory else data
 
     def __del__(self) -> None:
         if getattr(self, "_created_in", None) != os.getpid():

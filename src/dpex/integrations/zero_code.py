@@ -61,8 +61,8 @@ import torch.utils.data
 import torch.utils.data.dataloader
 
 from dpex.dataloader import DataLoader, TorchDataLoader
-from dpex.placement import WorkerOptions
-from dpex.scaling import Autoscale
+from dpex.workers.autoscale import Autoscale
+from dpex.workers.options import WorkerOptions
 
 __all__ = ["Patch", "ZeroCodeDataLoader", "options_from_env", "patch", "run_script"]
 

@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dpex.resume import PADDING, EpochRecord, Recorded, skipping
-from dpex.stats import LoaderStats
+from dpex.epoch.resume import PADDING, EpochRecord, Recorded, skipping
+from dpex.observe.stats import LoaderStats
 
 
 class TimedIterator:
