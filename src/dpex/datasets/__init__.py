@@ -1,7 +1,8 @@
 """Sharded datasets for ``dpex.DataLoader``: Parquet on local disk, S3 or HDFS; WebDataset
 helpers; and ``write_shards`` to turn a map-style dataset into tar or Parquet shards.
 
-Needs the ``data`` extra (``pyarrow``; ``webdataset`` for tar shards).
+Needs the ``data`` extra (``pyarrow``; ``webdataset`` for tar shards). A top part, beside
+``integrations``: it may import ``dpex.dataloader`` and every part below it.
 """
 
 from dpex.datasets._cache import CacheInfo

@@ -8,9 +8,13 @@
   the trainer's loggers (imports lightning). Lightning needs nothing else: its sampler
   injection keeps a dpex loader as is, and DDP ranks share one Ray by themselves
   (``dpex.ray_session``).
-* ``dpex.loader.rebuilt``: the one warning when plain accelerate or Ray Train
-  rebuilds a dpex loader as torch's, and the rebuild back (``dpex_like``).
+* ``build_back``: the rebuild back to a dpex loader (``dpex_like``); the one warning when
+  plain accelerate or Ray Train rebuilds a dpex loader as torch's is the loader's own
+  (``dpex.loader.rebuilt``).
 
 Frameworks that build torch's loader themselves (HF ``transformers.Trainer``) need no
-module: run the script with ``dpex run`` (``dpex.integrations.zero_code``).
+module: run the script with ``dpex run`` (``zero_code``, ``run_cli``): torch's DataLoader
+becomes dpex's, with no code change.
+
+The top part: it may import ``dpex.dataloader`` and every part below it.
 """

@@ -22,8 +22,13 @@ Who answers
   * ``ranks.py`` and ``rank_store.py``: the ranks of a ``torch.distributed`` job share one
     Ray (NOTE [ One Ray cluster for all ranks ]); ``dpex.distributed`` is its public face.
 
+  * ``session_handles.py``: Ray handles never reach a later Ray session (NOTE [ dpex
+    Handles Stay in Their Ray Session ]); ``cluster.py``: what the cluster reports of its
+    object stores.
+
   The modules import each other in that order only (join, embedded, rules, ranks,
-  rank_store), and none imports the loader: nothing here climbs back.
+  rank_store), and none imports the loader: nothing here climbs back. May import: the
+  leaves only (``compat``, ``process_ends``, ``nested``).
 """
 
 from __future__ import annotations
