@@ -14,9 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from dpex.bench.profile import profile_loader
 from dpex.bench.runners import LOADERS
 from dpex.bench.workloads import SIZES, WORKLOADS, make_workload
+from loader_profile import profile_loader  # benchmarks/loader_profile.py, next to this script
 
 
 def main(argv: list[str] | None = None) -> int:

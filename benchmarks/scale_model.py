@@ -42,13 +42,13 @@ STORE_BYTES = 128 * 1024 * 1024
 
 class ModelCluster:
     """K Ray nodes on this machine: ``ray.cluster_utils.Cluster`` nodes (all on every core),
-    or, ``pinned``, ``ray start`` nodes each on its own core (``dpex.testing.nodes``; with
+    or, ``pinned``, ``ray start`` nodes each on its own core (``clusters.nodes``; with
     more nodes than cores, two share one), the trainer on node 0's core."""
 
     def __init__(self, nodes: int, pinned: bool) -> None:
         self.pinned = pinned
         if pinned:
-            from dpex.testing.nodes import NodeCluster
+            from clusters.nodes import NodeCluster
 
             self.nodes = NodeCluster(nodes, cores_per_node=1, share_cores=True,
                                      object_store_mb=STORE_BYTES >> 20).start()

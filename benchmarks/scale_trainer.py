@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler.set_epoch(epoch)
         if epoch == 1:
             if args.py_spy:
-                from dpex.bench.profile import start_py_spy
+                from loader_profile import start_py_spy
 
                 spy = start_py_spy(Path(args.py_spy))
             gcs_from = (process_cpu_s(args.gcs_pid), time.perf_counter())
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                        "stall_s": waited - (gap or 0.0),
                        "cluster_calls": dict(calls - before_calls)})
     if args.py_spy and gcs_from:
-        from dpex.bench.profile import stop_py_spy, summarise_collapsed
+        from loader_profile import stop_py_spy, summarise_collapsed
 
         stop_py_spy(spy)
         print(summarise_collapsed(Path(args.py_spy).read_text(), top=40), file=sys.stderr)

@@ -13,6 +13,11 @@ import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SRC_DIR = os.path.join(os.path.dirname(TESTS_DIR), "src")
+# The project's benchmarks and their machinery (``clusters``: local Ray test clusters;
+# ``elastic_bench``; ``ending``), importable by every test module.
+BENCHMARKS_DIR = os.path.join(os.path.dirname(TESTS_DIR), "benchmarks")
+if BENCHMARKS_DIR not in sys.path:
+    sys.path.insert(0, BENCHMARKS_DIR)
 
 # The environment of the shell that started pytest, taken before any Ray in this process
 # exports its own variables (a new local ray.init() sets RAY_AUTH_MODE=token): what a user's

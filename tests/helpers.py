@@ -168,10 +168,8 @@ def leftovers(sessions: set[int], ray_sessions: set[str]) -> list[str]:
     its Ray sessions. Killed (by pid, never ``ray stop``) before returning."""
     import os
     import signal
-    import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-    import ending
+    import ending  # benchmarks/ending.py (tests/conftest.py puts benchmarks/ on sys.path)
 
     def alive() -> list[str]:
         return ending.run_processes(sessions, ray_sessions)

@@ -156,7 +156,11 @@ def ray_worker_processes(helper_pid: int) -> list[str]:
 
 def outside_session(helper_pid: int) -> list[str]:
     """The embedded Ray's live processes outside the helper's session."""
-    from dpex.testing.process_tree import stat_fields
+    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.append(benchmarks)
+    from clusters.process_tree import stat_fields  # benchmarks/clusters/process_tree.py
 
     return [str(pid) for pid, _ in descendants([helper_pid])
             if (fields := stat_fields(pid)) is not None and fields[0] != "Z"

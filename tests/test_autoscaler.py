@@ -1,7 +1,7 @@
 """Growing the cluster through Ray's real autoscaler (NOTE [ dpex Cluster Growth ]).
 
 A head from ``ray start --head --autoscaling-config`` with Ray's ``fake_multinode`` provider
-(dpex/testing/autoscaling_head.py): its autoscaler starts and ends real raylets on this
+(benchmarks/clusters/autoscaling_head.py): its autoscaler starts and ends real raylets on this
 machine. The head has no CPU, so no worker can run there: every worker process needs a node
 the autoscaler adds. Node types: ``cpu`` (1 CPU, 0 to 2 nodes) and ``tagged`` (1 CPU and the
 custom resource ``preproc``, 0 to 1 node). The loaders join it by address, as a user's
@@ -21,7 +21,7 @@ import ray
 import torch
 
 import dpex
-from dpex.testing.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
+from clusters.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
 from conftest import Job
 from helpers import REFERENCE_CONTEXT, SleepyAugmented, assert_batches_equal, wait_until
 from test_ddp import TESTS_DIR, hermetic_env
@@ -188,10 +188,7 @@ def test_a_script_that_grew_the_cluster_leaves_no_actor_and_no_ask(head, end):
     """A training script that joined the autoscaling cluster and asked it for nodes, ended
     normally and by SIGKILL (nothing runs in it then: its ask is a lease that lapses): it
     exits, nothing of its session is left, and the cluster holds no dpex actor and no ask."""
-    import os
-
-    sys.path.insert(0, os.path.join(os.path.dirname(TESTS_DIR), "benchmarks"))
-    import ending
+    import ending  # benchmarks/ending.py
 
     from dpex.ray_session.join import join
 

@@ -108,7 +108,7 @@ def test_profile_script_writes_a_summary(tmp_path, capsys):
 
 
 def test_collapsed_stacks_summary():
-    from dpex.bench.profile import summarise_collapsed
+    from loader_profile import summarise_collapsed
 
     text = ("thread (1);main (a.py:1);get (worker.py:9) 3\n"
             "thread (1);main (a.py:1);submit (actor.py:5) 1\n")

@@ -1,7 +1,8 @@
 """The elastic-workers benchmarks (scaleout, unequal, autoscale): summaries from made-up
-records, and the three workloads run once, at their tiniest size, by one ``dpex bench`` as a user
-runs it (a fresh process, a user's environment). No timing is asserted: these check that the
-tables, JSON and plots come out and that every Ray node and busy process started is gone.
+records, and the three workloads run once, at their tiniest size, by one
+``benchmarks/bench_elastic.py`` as one runs it (a fresh process, a user's environment). No
+timing is asserted: these check that the tables, JSON and plots come out and that every Ray
+node and busy process started is gone.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import sys
 
 import pytest
 
-from conftest import user_env
-from dpex.bench import elastic_report
-from dpex.testing import nodes
-from dpex.bench.elastic_records import ElasticRecord, Epoch
+from clusters import nodes
+from conftest import BENCHMARKS_DIR, user_env
+from elastic_bench import report as elastic_report
+from elastic_bench.records import ElasticRecord, Epoch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -160,14 +161,13 @@ def test_plots_and_report_from_records(tmp_path):
 
 
 def test_report_redoes_the_elastic_tables_from_saved_results(tmp_path, capsys):
-    from dpex.bench.suite import SuiteConfig, write_results
-    from dpex.cli import main
+    from elastic_bench.cli import main, write_results
 
-    config = SuiteConfig(workloads=[], size="tiny", out=tmp_path / "run")
-    write_results(config, [], [], elastic_records=[
-        _rec("scaleout", "torch", 0, 1.0), _rec("scaleout", "dpex", 0, 0.5, nodes=2)])
-    code = main(["bench", "--report", str(tmp_path / "run" / "results.json"),
-                 "--out", str(tmp_path / "again")])
+    write_results([_rec("scaleout", "torch", 0, 1.0), _rec("scaleout", "dpex", 0, 0.5, nodes=2)],
+                  tmp_path / "run", {"size": "tiny", "epochs": 4, "repeats": 1,
+                                     "cores_per_node": 1})
+    code = main("elastic", ["--report", str(tmp_path / "run" / "results.json"),
+                            "--out", str(tmp_path / "again")])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| dpex | 2 | 4 | 20.00 | 2.00 | 2.00–2.00 | 1.00 |" in printed
@@ -175,16 +175,22 @@ def test_report_redoes_the_elastic_tables_from_saved_results(tmp_path, capsys):
     assert (tmp_path / "again" / "scaleout.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_elastic_workloads_are_not_in_the_default_list():
+def test_the_elastic_workloads_are_bench_elastic_and_not_dpex_bench(capsys):
     import argparse
 
     from dpex.bench import cli
+    from elastic_bench.cli import parser as bench_parser
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     assert not {"scaleout", "unequal", "autoscale"} & set(parser.parse_args([]).workloads)
-    args = parser.parse_args(["--workloads", "scaleout", "--nodes", "1,2,4",
-                              "--cores-per-node", "2"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--workloads", "scaleout"])
+    assert "benchmarks/bench_elastic.py" in capsys.readouterr().err
+    elastic = bench_parser("elastic")
+    assert elastic.parse_args([]).workloads == ["scaleout", "unequal", "autoscale"]
+    args = elastic.parse_args(["--workloads", "scaleout", "--nodes", "1,2,4",
+                               "--cores-per-node", "2"])
     assert (args.workloads, args.nodes, args.cores_per_node) == (["scaleout"], [1, 2, 4], 2)
 
 
@@ -201,8 +207,8 @@ def test_nodes_that_do_not_fit_are_refused_with_a_reason():
 def _bench(tmp_path, *args: str) -> tuple[dict, str]:
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "dpex", "bench", "--size", "tiny", "--epochs", "2",
-         "--repeats", "1", "--workers", "2", "--out", str(out),
+        [sys.executable, os.path.join(BENCHMARKS_DIR, "bench_elastic.py"), "--size", "tiny",
+         "--epochs", "2", "--repeats", "1", "--workers", "2", "--out", str(out),
          "--data-dir", str(tmp_path / "data"), *args],
         env=user_env(), capture_output=True, text=True, timeout=450)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
@@ -269,7 +275,7 @@ def _autoscale_checks(records: list[dict], printed: str, out) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_every_elastic_workload_runs_and_stops_what_it_started(tmp_path):
-    """One ``dpex bench`` run of the three workloads, as a user starts it: scaleout (1 and 2
+    """One ``bench_elastic.py`` run of the three workloads, as one starts it: scaleout (1 and 2
     nodes pinned to their own cores), unequal (node 1 shared with a busy process) and
     autoscale. Where the machine cannot pin two nodes, the bench says why and skips them."""
     results, printed = _bench(tmp_path, "--workloads", "scaleout,unequal,autoscale",

@@ -1,6 +1,6 @@
 """The ``grow`` benchmark's report, from timelines made up by hand (no Ray): the times from
-each phase's start, the stall fractions, the table, the targets, the plot; and ``dpex bench``
-knowing the workload (only when named)."""
+each phase's start, the stall fractions, the table, the targets, the plot; and its command
+(``benchmarks/bench_grow.py``, not ``dpex bench``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from dpex.bench import grow_report
-from dpex.bench.elastic_records import ElasticRecord, Epoch
+from elastic_bench import grow_report
+from elastic_bench.records import ElasticRecord, Epoch
 
 pytestmark = pytest.mark.no_ray_start_record
 
@@ -119,16 +119,15 @@ def test_plot_of_two_repeats(tmp_path):
     assert path.read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_the_suite_writes_and_redoes_the_grow_table_and_plot(tmp_path, capsys):
-    from dpex.bench.suite import SuiteConfig, write_results
-    from dpex.cli import main
+def test_the_command_writes_and_redoes_the_grow_table_and_plot(tmp_path, capsys):
+    from elastic_bench.cli import main, write_results
 
-    config = SuiteConfig(workloads=[], size="tiny", out=tmp_path / "run")
-    result = write_results(config, [], [], elastic_records=[_record(0), _record(1)])
-    assert tmp_path / "run" / "grow.png" in result.extra_plots
+    result = write_results([_record(0), _record(1)], tmp_path / "run",
+                           {"size": "tiny", "repeats": 2})
+    assert tmp_path / "run" / "grow.png" in result.plots
     assert "grow: seconds from" in (tmp_path / "run" / "results.md").read_text()
-    code = main(["bench", "--report", str(tmp_path / "run" / "results.json"),
-                 "--out", str(tmp_path / "again")])
+    code = main("grow", ["--report", str(tmp_path / "run" / "results.json"),
+                         "--out", str(tmp_path / "again")])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| heavy phase start → 2nd node alive | 3.0 | 3.0 | 3.0 | 3.0 |" in printed
@@ -137,15 +136,17 @@ def test_the_suite_writes_and_redoes_the_grow_table_and_plot(tmp_path, capsys):
     assert (tmp_path / "again" / "grow.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_dpex_bench_knows_grow_only_when_named(capsys):
+def test_grow_is_bench_grow_and_not_dpex_bench(capsys):
     from dpex.bench import cli
-    from dpex.cli import main
+    from elastic_bench.cli import parser as bench_parser
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    assert "grow" not in parser.parse_args([]).workloads
-    args = parser.parse_args(["--workloads", "grow", "--repeats", "3"])
-    assert (args.workloads, args.repeats) == (["grow"], 3)
     with pytest.raises(SystemExit):
-        main(["bench", "--help"])
-    assert "grow (only when named" in " ".join(capsys.readouterr().out.split())
+        parser.parse_args(["--workloads", "grow"])
+    assert "benchmarks/bench_grow.py" in capsys.readouterr().err
+    args = bench_parser("grow").parse_args(["--repeats", "3", "--size", "tiny"])
+    assert (args.repeats, args.size) == (3, "tiny")
+    with pytest.raises(SystemExit):
+        bench_parser("grow").parse_args(["--help"])
+    assert "autoscaling Ray cluster" in " ".join(capsys.readouterr().out.split())

@@ -18,7 +18,7 @@ PACKAGE = os.path.join(SRC_DIR, "dpex")
 MAX_LINES = 400
 # Not the loader: the bench and the test clusters (user commands and their machinery), the
 # command line that starts them.
-NOT_CORE = ("dpex.bench", "dpex.testing", "dpex.cli", "dpex.__main__")
+NOT_CORE = ("dpex.bench", "dpex.cli", "dpex.__main__")
 
 
 def _modules() -> dict[str, str]:

@@ -1,10 +1,8 @@
 """The suite: every selected loader on every selected workload, in alternating order.
 
-The elastic workloads (``scaleout``, ``unequal``, ``autoscale``: only when named) run first,
-then ``grow`` (only when named), then the ``coldstart`` and ``startup`` workloads, before
-this process starts any Ray: their trainers are fresh processes of their own (``elastic.py``,
-which also starts the pinned Ray nodes they need; ``grow.py``, which starts an autoscaling
-head; ``coldstart.py``; ``startup.py``). The others go through ``runners``:
+The ``coldstart`` and ``startup`` workloads run first, before this process starts any Ray:
+their trainers are fresh processes of their own (``coldstart.py``, ``startup.py``). The
+others go through ``runners``:
 
 For each workload and worker count, repeat ``repeats`` times: build every loader afresh and
 run its warm-up epoch (epoch 0), one after the other; then run the steady-state epochs in
@@ -21,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpex.bench import coldstart, elastic, env, grow, report, runners, startup
-from dpex.bench.elastic_records import ELASTIC_WORKLOADS, ElasticRecord
+from dpex.bench import coldstart, env, report, runners, startup
 from dpex.bench.workloads import WORKLOADS, make_workload
 
 #: Every workload ``dpex bench`` knows: the loader workloads, then the start-up runs.
@@ -46,13 +43,6 @@ class SuiteConfig:
     out: Path = Path("bench-results")
     data_dir: Path | None = None
     plot: Path | None = None  # default: out/bench.png
-    # The elastic workloads: num_workers (None: elastic_records.DEFAULT_WORKERS), node counts for
-    # scaleout, cores per node for scaleout and unequal.
-    elastic_workers: int | None = None
-    nodes: list[int] = field(default_factory=lambda: [1, 2])
-    cores_per_node: int = 1
-    pool_images: int = 1  # scaleout, unequal: images average-pooled KxK (smaller batches)
-    object_store_mb: int = 1024  # scaleout, unequal: each Ray node's object store
 
     def resolved(self) -> tuple[int, int]:
         epochs, repeats = DEFAULTS[self.size]
@@ -70,9 +60,6 @@ class SuiteResult:
     skipped: list[str]
     startup_rows: list[startup.StartupRow] = field(default_factory=list)
     extra_tables: list[str] = field(default_factory=list)  # coldstart, startup, ceiling
-    extra_plots: list[Path] = field(default_factory=list)  # the elastic workloads' PNGs
-    elastic_records: list[ElasticRecord] = field(default_factory=list)
-    elastic_errors: list[str] = field(default_factory=list)
     coldstart_rows: list[coldstart.ColdstartRow] = field(default_factory=list)
 
 
@@ -93,24 +80,6 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
     if "shards" in workloads and importlib.util.find_spec("webdataset") is None:
         workloads.remove("shards")
         skipped.append("shards (install the optional extra: pip install 'dpex[data]')")
-    elastic_records: list[ElasticRecord] = []
-    chosen_elastic = [name for name in workloads if name in ELASTIC_WORKLOADS]
-    if chosen_elastic:
-        workloads = [name for name in workloads if name not in ELASTIC_WORKLOADS]
-        elastic_records, notes = elastic.run_elastic(chosen_elastic, elastic.ElasticConfig(
-            size=config.size, epochs=epochs, repeats=repeats, workers=config.elastic_workers,
-            nodes=config.nodes, cores_per_node=config.cores_per_node,
-            pool_images=config.pool_images, object_store_mb=config.object_store_mb,
-            data_dir=config.data_dir), log)
-        skipped += notes
-    if grow.WORKLOAD in workloads:
-        workloads.remove(grow.WORKLOAD)
-        try:
-            found, notes = grow.run_grow(config.size, repeats, log)
-        except Exception as exc:  # a cluster that would not start must not sink the suite
-            found, notes = [], [f"grow: failed: {type(exc).__name__}: {exc}"]
-        elastic_records += found
-        skipped += notes
     coldstart_records: list[coldstart.ColdstartRecord] = []
     if "coldstart" in workloads:
         workloads.remove("coldstart")
@@ -149,7 +118,7 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None] = print) -> SuiteR
                     records.append(rec)
                     log(_progress(rec))
     return write_results(config, records, skipped, startup_records=startup_records,
-                         elastic_records=elastic_records, coldstart_records=coldstart_records)
+                         coldstart_records=coldstart_records)
 
 
 def _progress(rec: runners.RunRecord) -> str:
@@ -162,28 +131,24 @@ def _progress(rec: runners.RunRecord) -> str:
 
 
 def load_results(path: Path) -> tuple[dict, list[runners.RunRecord],
-                                      list[startup.StartupRecord], list[ElasticRecord],
+                                      list[startup.StartupRecord],
                                       list[coldstart.ColdstartRecord]]:
-    """The config, records, startup, elastic and coldstart records of an earlier run's
+    """The config, records, startup and coldstart records of an earlier run's
     ``results.json``."""
     data = json.loads(Path(path).read_text())
-    return (data.get("config", {}), [runners.RunRecord.from_json(r) for r in data["records"]],
+    return (data.get("config", {}),
+            [runners.RunRecord.from_json(r) for r in data.get("records", [])],
             startup.records_from_json(data.get("startup", [])),
-            [ElasticRecord.from_json(r) for r in data.get("elastic", [])],
             coldstart.records_from_json(data.get("coldstart", [])))
 
 
 def write_results(config: SuiteConfig, records: list[runners.RunRecord],
                   skipped: list[str], info: dict[str, str] | None = None,
                   startup_records: list[startup.StartupRecord] | None = None,
-                  elastic_records: list[ElasticRecord] | None = None,
                   coldstart_records: list[coldstart.ColdstartRecord] | None = None
                   ) -> SuiteResult:
-    """Summarise ``records``; write results.json, results.md and the plots."""
-    from dpex.bench import elastic_report
-
+    """Summarise ``records``; write results.json, results.md and the plot."""
     startup_records = startup_records or []
-    elastic_records = elastic_records or []
     coldstart_records = coldstart_records or []
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -198,45 +163,14 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
         startup.markdown_table(startup_rows, config.workers[0]) if startup_rows else "",
         report.ceiling_table(rows)) if t]
     info = info or env.describe()
-    extra_plots: list[Path] = []
-    elastic_errors: list[str] = []
-    if elastic_records:
-        try:
-            found = elastic_report.report(elastic_records, out, f"({info['machine']})",
-                                          config.cores_per_node)
-        except ImportError as exc:  # matplotlib missing: the tables still come out
-            skipped.append(f"elastic plots ({exc})")
-            found = elastic_report.report(elastic_records, out, plots=False,
-                                          cores_per_node=config.cores_per_node)
-        extra_tables = found.tables + extra_tables
-        checks = found.targets + checks
-        extra_plots, elastic_errors = found.plots, found.errors
-    grow_records = [r for r in elastic_records if r.workload == grow.WORKLOAD]
-    if grow_records:
-        from dpex.bench import grow_report
-
-        try:
-            grown = grow_report.report(grow_records, out, f"({info['machine']})")
-        except ImportError as exc:  # matplotlib missing: the table still comes out
-            skipped.append(f"grow plot ({exc})")
-            grown = grow_report.report(grow_records, out, plots=False)
-        extra_tables = [grown.table] + extra_tables
-        checks = grown.targets + checks
-        extra_plots += [grown.plot] if grown.plot else []
-        elastic_errors += grown.errors
     epochs, repeats = config.resolved()
     json_path = out / "results.json"
     json_path.write_text(json.dumps({
         "env": info,
         "config": {"size": config.size, "epochs": epochs, "repeats": repeats,
-                   "workers": config.workers, "address": config.address,
-                   "elastic_workers": config.elastic_workers, "nodes": config.nodes,
-                   "cores_per_node": config.cores_per_node,
-                   "pool_images": config.pool_images,
-                   "object_store_mb": config.object_store_mb},
+                   "workers": config.workers, "address": config.address},
         "records": [r.to_json() for r in records],
         "startup": [r.to_json() for r in startup_records],
-        "elastic": [r.to_json() for r in elastic_records],
         "coldstart": [r.to_json() for r in coldstart_records],
     }, indent=1))
     versions = ", ".join(f"{k} {v}" for k, v in info.items() if k != "machine")
@@ -244,8 +178,6 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
             f"Size {config.size}: {epochs} epochs per run (1 warm-up), {repeats} repeats, medians.",
             *(f"\n{t}" for t in (*extra_tables, table) if t),
             "", "Targets:", *(t.line() for t in checks)]
-    if elastic_errors:
-        body += ["", "Failed: " + "; ".join(elastic_errors)]
     if skipped:
         body += ["", "Skipped: " + "; ".join(skipped)]
     (out / "results.md").write_text("\n".join(body) + "\n")
@@ -257,5 +189,4 @@ def write_results(config: SuiteConfig, records: list[runners.RunRecord],
     except ImportError as exc:
         skipped.append(f"plot ({exc})")
     return SuiteResult(records, rows, checks, table, plot_path, json_path, skipped,
-                       startup_rows, extra_tables, extra_plots, elastic_records, elastic_errors,
-                       coldstart_rows)
+                       startup_rows, extra_tables, coldstart_rows)

@@ -1,5 +1,5 @@
-"""A real Ray autoscaler on this machine, for tests and `dpex bench`: a head started by ``ray start --head``
-with an autoscaling config for Ray's ``fake_multinode`` node provider.
+"""A real Ray autoscaler on this machine, for tests and benchmarks: a head started by
+``ray start --head`` with an autoscaling config for Ray's ``fake_multinode`` node provider.
 
 The autoscaler (the head's ``monitor.py``) launches and terminates "nodes" on this machine:
 each added node is a raylet started by the provider *inside the monitor process* (its
@@ -47,14 +47,14 @@ import tempfile
 import time
 from typing import Optional
 
-from dpex.testing.autoscaling_config import (
+from clusters.autoscaling_config import (
     FAKE_HEAD_NODE_ID,
     HEAD_NODE_TYPE,
     MIB,
     autoscaling_config,
     validate,
 )
-from dpex.testing.process_tree import (
+from clusters.process_tree import (
     cluster_processes,
     end_processes,
     free_port,

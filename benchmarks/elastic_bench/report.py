@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpex.bench.autoscale_report import (  # noqa: F401
+from elastic_bench.autoscale_report import (  # noqa: F401
     AutoscaleRow,
     PhaseResult,
     analyse_run,
@@ -27,7 +27,7 @@ from dpex.bench.autoscale_report import (  # noqa: F401
     stall_over_time,
     summarise_autoscale,
 )
-from dpex.bench.elastic_records import ElasticRecord
+from elastic_bench.records import ElasticRecord
 from dpex.bench.report import Target, save_figure
 
 

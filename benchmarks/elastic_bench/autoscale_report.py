@@ -2,7 +2,7 @@
 training loop waited; medians over repeats, targets, the table and the plot.
 
 What it checks: an autoscaled loader should hold the processes the loop needs and no more.
-The schedule (``elastic.PHASES``) needs 2 processes, then 1 (the step grows past one
+The schedule (``records.PHASES``) needs 2 processes, then 1 (the step grows past one
 worker's service time: the count should come down: the light phase), then 2 again, so it
 fits 2 cores.
 
@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpex.bench.elastic_records import ElasticRecord
+from elastic_bench.records import ElasticRecord
 from dpex.bench.report import Target, save_figure
 from dpex.workers.autoscale import Autoscale
 

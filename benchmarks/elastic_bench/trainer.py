@@ -1,7 +1,7 @@
-"""The trainer of the elastic workloads: ``python -m dpex.bench.elastic_trainer --child
-WORKLOAD --spec JSON``, started by ``elastic`` (pinned to node 0's cores for scaleout and
+"""The trainer of the elastic workloads: ``python -m elastic_bench.trainer --child
+WORKLOAD --spec JSON``, started by ``runs`` (pinned to node 0's cores for scaleout and
 unequal). It builds the loaders of each repeat, runs their epochs interleaved and prints
-one ``RECORD {json}`` line per loader per repeat. The workloads are described in ``elastic``.
+one ``RECORD {json}`` line per loader per repeat. The workloads are described in ``runs``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dpex.bench.elastic_records import (
+from elastic_bench.records import (
     BATCH_SIZE,
     ELASTIC_WORKLOADS,
     LOAD,
@@ -42,7 +42,7 @@ class Probed:
     """A map-style dataset whose samples also say where they were made: ``core`` (the lowest
     core the worker may run on, so the node) and ``nice`` (its thread's niceness). With
     ``pool`` > 1 each image is average-pooled ``pool`` x ``pool`` after the same CPU work:
-    a batch ``pool``² times smaller (``dpex bench --pool-images``)."""
+    a batch ``pool``² times smaller (``bench_elastic.py --pool-images``)."""
 
     def __init__(self, dataset, pool: int = 1) -> None:
         self.dataset = dataset
@@ -199,7 +199,7 @@ def _dpex_loader(dataset, workers: int, address: str | None, options: dict, **ex
 
 def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     from dpex import ray_session
-    from dpex.testing.nodes import upto_resource
+    from clusters.nodes import upto_resource
 
     ray_session.connect(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]
@@ -217,7 +217,7 @@ def child_scaleout(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
 
 def child_unequal(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     from dpex import ray_session
-    from dpex.testing.nodes import upto_resource
+    from clusters.nodes import upto_resource
 
     ray_session.connect(spec["address"])
     dataset, workers = _dataset(spec), spec["workers"]

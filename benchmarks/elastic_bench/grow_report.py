@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpex.bench.elastic_records import ElasticRecord
+from elastic_bench.records import ElasticRecord
 from dpex.bench.report import Target, save_figure
 
 JOIN_S = 10.0

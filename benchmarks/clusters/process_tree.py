@@ -1,6 +1,6 @@
 """The processes a locally started Ray cluster consists of, read from /proc, and ending them.
 
-Used by the bench's clusters (``autoscaling_head.AutoscalingHead``, ``nodes.NodeCluster``),
+Used by the benchmarks' clusters (``autoscaling_head.AutoscalingHead``, ``nodes.NodeCluster``),
 which stop exactly what they started, never with ``ray stop`` (it ends every Ray on the
 machine, another test run's too).
 """

@@ -9,6 +9,8 @@ Two profilers, both on the trainer process only:
   Needs ``pip install py-spy`` and ptrace permission.
 
 The warm-up epoch runs unprofiled; then ``epochs`` steady-state epochs run under the profiler.
+For ``profile_trainer.py`` and ``scale_trainer.py`` (not ``profile``: that name is the
+standard library's, which ``cProfile`` imports).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 All three run the CPU-heavy JPEG pipeline of the ``cpu`` workload (decode, random-resized-crop
 224, flip, normalise; batch 32). The trainer is a child process (``python -m
-dpex.bench.elastic_trainer --child WORKLOAD --spec JSON``, ``elastic_trainer``) that prints
-one ``RECORD {json}`` line per run (``elastic_records``); this process starts and stops the
-clusters around it.
+elastic_bench.trainer --child WORKLOAD --spec JSON``, ``trainer``, with ``benchmarks/`` on its
+``PYTHONPATH``) that prints one ``RECORD {json}`` line per run (``records``); this process
+starts and stops the clusters around it.
 
 * ``scaleout``: real Ray nodes pinned to their own cores (``nodes.NodeCluster``: ``ray start``
   under ``taskset``), ``--cores-per-node`` cores each, as many as the largest of ``--nodes``.
@@ -35,7 +35,7 @@ clusters around it.
 
 In every workload a repeat builds each loader and runs its warm-up epoch, one after the
 other (the order reversed on odd repeats), then the steady epochs in turns, one epoch of each
-loader at a time (reversed every other epoch), as ``runners.run_interleaved`` does.
+loader at a time (reversed every other epoch), as ``dpex.bench.runners.run_interleaved`` does.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from dpex.bench.elastic_records import (
+from elastic_bench.records import (
     CALIBRATION_BATCHES,
     ITEMS_PER_CORE,
     LOAD,
@@ -64,7 +64,7 @@ from dpex.bench.elastic_records import (
 # ------------------------------------------------------------------ this process: the parent
 
 
-def _run_child(command: list[str], env: dict[str, str], log: Callable[[str], None],
+def run_child(command: list[str], env: dict[str, str], log: Callable[[str], None],
                timeout_s: float) -> list[ElasticRecord]:
     """Run the trainer; collect its records as they come (and log each)."""
     records = []
@@ -93,14 +93,14 @@ def _run_child(command: list[str], env: dict[str, str], log: Callable[[str], Non
 
 
 def _child_command(workload: str, spec: dict) -> list[str]:
-    return [sys.executable, "-m", "dpex.bench.elastic_trainer", "--child", workload,
+    return [sys.executable, "-m", "elastic_bench.trainer", "--child", workload,
             "--spec", json.dumps(spec)]
 
 
 def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[list[int], list[str]]:
     """The node counts scaleout compares, and notes on what does not fit this machine
     (unequal needs 2 nodes)."""
-    from dpex.testing.nodes import why_not
+    from clusters.nodes import why_not
 
     cpn = config.cores_per_node
     counts, notes = [], []
@@ -115,7 +115,7 @@ def pinned_nodes(workloads: list[str], config: ElasticConfig) -> tuple[list[int]
 
 def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, counts: list[int]
                  ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.testing.nodes import plain_env
+    from clusters.nodes import plain_env
 
     notes = []
     workers = config.workers_for("scaleout")
@@ -129,7 +129,7 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, cou
             "data_dir": str(config.data_dir) if config.data_dir else None}
     log(f"  scaleout: {len(cluster.node_cores)} node(s) at {cluster.address}, cores "
         f"{cluster.node_cores}; the trainer on node 0; dpex on the first {counts} node(s)")
-    records = _run_child(cluster.pinned(0, _child_command("scaleout", spec)), plain_env(),
+    records = run_child(cluster.pinned(0, _child_command("scaleout", spec)), plain_env(),
                          log, timeout_s=4 * 3600)
     _note_cluster(records, cluster)
     return records, notes
@@ -137,7 +137,7 @@ def run_scaleout(config: ElasticConfig, log: Callable[[str], None], cluster, cou
 
 def run_unequal(config: ElasticConfig, log: Callable[[str], None], cluster
                 ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.testing.nodes import plain_env
+    from clusters.nodes import plain_env
 
     spec = {"address": cluster.address, "node_cores": cluster.node_cores[:2],
             "workers": config.workers_for("unequal"), "epochs": config.epochs,
@@ -146,7 +146,7 @@ def run_unequal(config: ElasticConfig, log: Callable[[str], None], cluster
             "pool": config.pool_images, "data_dir": str(config.data_dir) if config.data_dir else None}
     log(f"  unequal: 2 node(s) at {cluster.address}, cores {cluster.node_cores}; a busy "
         f"process on each of node 1's cores, in its session (nodes.py)")
-    records = _run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
+    records = run_child(cluster.pinned(0, _child_command("unequal", spec)), plain_env(),
                          log, timeout_s=4 * 3600)
     _note_cluster(records, cluster)
     return records, []
@@ -161,7 +161,7 @@ def _note_cluster(records: list[ElasticRecord], cluster) -> None:
 
 def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
                   ) -> tuple[list[ElasticRecord], list[str]]:
-    from dpex.testing.nodes import plain_env, usable_cores
+    from clusters.nodes import plain_env, usable_cores
 
     notes = []
     workers = config.workers_for("autoscale")
@@ -176,7 +176,7 @@ def run_autoscale(config: ElasticConfig, log: Callable[[str], None]
             "data_dir": str(config.data_dir) if config.data_dir else None}
     log(f"  autoscale: {len(PHASES)} phases of {spec['phase_s']:.0f}s, {workers} workers, "
         f"step time x{', x'.join(f'{m:g}' for m in PHASES)}")
-    return _run_child(_child_command("autoscale", spec), plain_env(), log, 4 * 3600), notes
+    return run_child(_child_command("autoscale", spec), plain_env(), log, 4 * 3600), notes
 
 
 def run_elastic(workloads: list[str], config: ElasticConfig,
@@ -185,7 +185,7 @@ def run_elastic(workloads: list[str], config: ElasticConfig,
     scaleout and unequal each start their own pinned nodes (unequal's node 1 with its busy
     process) and stop them before the next workload runs."""
     from dpex.bench.workloads import default_data_dir, jpeg_files
-    from dpex.testing.nodes import NodeCluster, why_not
+    from clusters.nodes import NodeCluster, why_not
 
     jpeg_files(Path(config.data_dir or default_data_dir()), count=256, width=500, height=375)
     counts, notes = pinned_nodes(workloads, config)

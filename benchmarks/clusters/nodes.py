@@ -17,7 +17,8 @@ Rules kept here, because other Ray clusters on the machine belong to others:
   makes ``~/.ray/auth_token`` only when the machine has none (Ray 2.60's ``ray start --head``
   turns token auth on when a token exists); joining nodes get ``RAY_AUTH_MODE=token``.
 * Every node gets the trainer's ``dpex`` on its ``PYTHONPATH``, so its workers run the same
-  code as the trainer (not whichever dpex is installed).
+  code as the trainer (not whichever dpex is installed), and ``benchmarks/`` (this package's
+  folder), so they can import ``clusters`` and ``elastic_bench`` as the trainer does.
 
 A node in ``busy_nodes`` also runs a ``while True: pass`` process on each of its cores, at
 normal priority, in the node's own session: on Linux with autogroup scheduling (the
@@ -49,9 +50,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from dpex.testing.process_tree import free_port, stat_fields
+from clusters.process_tree import free_port, stat_fields
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+#: The folder holding this package (``benchmarks/``), for children's ``PYTHONPATH``.
+BENCHMARKS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUSY_LOOP = "while True: pass"
 
 
@@ -81,12 +84,15 @@ def why_not(nodes: int, cores_per_node: int) -> str | None:
 
 def plain_env(**extra: str) -> dict[str, str]:
     """The caller's environment, minus anything that would point Ray at another cluster,
-    with this process's ``dpex`` first on ``PYTHONPATH`` (so nodes run the same code)."""
+    with this process's ``dpex`` first on ``PYTHONPATH`` (so nodes run the same code), then
+    ``benchmarks/`` (so children can run ``python -m elastic_bench...`` and import
+    ``clusters``)."""
     import dpex
 
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
-    src = os.path.dirname(os.path.dirname(os.path.abspath(dpex.__file__)))
-    path = [src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]
+    first = [os.path.dirname(os.path.dirname(os.path.abspath(dpex.__file__))), BENCHMARKS_DIR]
+    path = first + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                    if p and p not in first]
     env["PYTHONPATH"] = os.pathsep.join(path)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env.update(extra)

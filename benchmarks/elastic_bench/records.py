@@ -1,8 +1,9 @@
-"""What the elastic workloads record, and what ``dpex bench`` asks of them.
+"""What the elastic workloads record, and what ``benchmarks/bench_elastic.py`` asks of them.
 
-One ``ElasticRecord`` per loader per repeat, written by the trainer (``elastic_trainer``)
-as a ``RECORD {json}`` line, read by this process (``elastic``) and summarised by
-``elastic_report``. The workloads themselves are described in ``elastic``.
+One ``ElasticRecord`` per loader per repeat, written by the trainer (``trainer``; ``grow``'s
+own for the grow workload) as a ``RECORD {json}`` line, read by the parent (``runs``) and
+summarised by ``report`` (``grow_report``). The workloads themselves are described in
+``runs`` and ``grow``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class ElasticRecord:
 
 @dataclass
 class ElasticConfig:
-    """What ``dpex bench`` asked of the elastic workloads."""
+    """What ``bench_elastic.py`` asked of the elastic workloads."""
 
     size: str = "small"
     epochs: int = 3

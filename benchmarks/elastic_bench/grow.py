@@ -4,7 +4,8 @@ A real Ray autoscaler on this machine (``autoscaling_head.AutoscalingHead``: Ray
 ``fake_multinode`` provider starts and ends raylets here): a head with no CPU, so every
 worker process needs a node the autoscaler adds, and up to 2 nodes of 1 CPU
 (``NODE_TYPES``), removed after ``IDLE_TIMEOUT_S`` idle. The trainer is a fresh child process
-(``python -m dpex.bench.grow --spec JSON``, a user's plain environment) that joins it by
+(``python -m elastic_bench.grow --spec JSON``, a user's plain environment plus
+``benchmarks/`` on ``PYTHONPATH``) that joins it by
 address with one loader: ``num_workers=4``, ``persistent_workers=False``, samples that sleep
 ``SAMPLE_SLEEP_S`` each (a decode that waits, not a busy core: two cores hold the trainer,
 the autoscaler and both nodes), and ``Autoscale(min_processes=1, max_processes=2,
@@ -37,7 +38,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from dpex.bench.elastic_records import ElasticRecord, Epoch
+from elastic_bench.records import ElasticRecord, Epoch
 
 WORKLOAD = "grow"
 WORKERS = 4
@@ -204,7 +205,7 @@ def run_once(head, spec: dict, repeat: int, service_s: float) -> ElasticRecord:
 def child(spec: dict, emit: Callable[[ElasticRecord], None]) -> None:
     import ray
 
-    from dpex.testing.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
+    from clusters.autoscaling_head import AutoscalingHead, cluster_has_autoscaler
 
     service_s = measure_service(SleepySamples(BATCH_SIZE * (CALIBRATION_BATCHES + 1),
                                               SAMPLE_SLEEP_S))
@@ -253,17 +254,17 @@ def main(argv: list[str] | None = None) -> int:
 def run_grow(size: str, repeats: int, log: Callable[[str], None] = print
              ) -> tuple[list[ElasticRecord], list[str]]:
     """Run the trainer in a fresh process (it starts and stops the cluster); its records."""
-    from dpex.bench.elastic import _run_child
-    from dpex.testing.nodes import plain_env
+    from clusters.nodes import plain_env
+    from elastic_bench.runs import run_child
 
     spec = {"repeats": repeats, "phase_s": PHASE_S[size], "idle_timeout_s": IDLE_TIMEOUT_S}
     lengths = phase_lengths(spec["phase_s"])
     log(f"  grow: an autoscaling head (no CPU; up to 2 nodes of 1 CPU, idle timeout "
         f"{IDLE_TIMEOUT_S}s); phases " + ", ".join(
             f"{name} {s:.0f}s" for (name, _), s in zip(PHASES, lengths)))
-    command = [sys.executable, "-m", "dpex.bench.grow", "--spec", json.dumps(spec)]
+    command = [sys.executable, "-m", "elastic_bench.grow", "--spec", json.dumps(spec)]
     budget = 180 + repeats * (sum(lengths) + IDLE_TIMEOUT_S + 120)
-    return _run_child(command, plain_env(), log, budget), []
+    return run_child(command, plain_env(), log, budget), []
 
 
 if __name__ == "__main__":
