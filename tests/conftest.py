@@ -57,7 +57,6 @@ class Job:
 
     def __init__(self, command: list[str], timeout: float, **popen) -> None:
         import subprocess
-        import tempfile
         import time
 
         self.command, self.timeout = command, timeout
@@ -133,35 +132,16 @@ def ray_local():
 # `make test` and `make test-slow` run the modules on 2 pytest-xdist processes (a module is
 # the unit: its fixtures start once). What they share is the machine, and one file on it:
 # /tmp/ray/ray_current_cluster, where `ray start` records its head. A script run as a user
-# runs it (default head_address="auto") joins whatever that file names. So:
-# * test_ray_start.py, whose heads write it, holds the record exclusively for the whole
-#   module (``pytestmark = pytest.mark.ray_start_record``);
-# * every other module holds it shared, also one that says (``pytest.mark.no_ray_start_record``)
-#   that nothing in it looks at the record (its Rays are in-process, on ``ray_local``, or a
-#   cluster it joins by address): so test_ray_start.py runs alone;
+# runs it (default head_address="auto") joins whatever that file names. So nothing here
+# writes that file:
+# * test_ray_start.py's heads run with a user's TMPDIR of the module's own (Ray's temp dir,
+#   and the record, are under $TMPDIR/ray), as do the scripts that join them;
+# * the clusters of benchmarks/clusters (pinned nodes, the autoscaling head) live in a
+#   private RAY_TMPDIR each;
 # * ``ray.cluster_utils.Cluster`` writes the file too, "for convenience in unit testing";
-#   none of ours joins a Cluster that way, so here it does not.
-# The lock is an flock on one file in the machine's temp directory: it holds across the two
-# xdist processes, and across test runs of other checkouts on the same machine.
-RECORD_LOCK = os.path.join(tempfile.gettempdir(), "dpex-tests-ray-start-record.lock")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ray_start_record(request):
-    import fcntl
-
-    # Every module holds it, those marked no_ray_start_record too: twice a Lightning rank of
-    # test_ray_start.py joined another Ray than the module's `ray start` cluster while such a
-    # module ran beside it (cause not found); test_ray_start.py now runs alone.
-    writes = request.node.get_closest_marker("ray_start_record") is not None
-    with open(RECORD_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if writes else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
+#   none of ours joins a Cluster that way, so in this process it does not.
+# test_ray_start.py held the record exclusively until it had a TMPDIR of its own: every
+# other module waited for it, and it for them (3-4 minutes of one idle xdist process).
 @pytest.fixture(scope="session", autouse=True)
 def _clusters_leave_the_ray_start_record_alone():
     import ray._private.utils

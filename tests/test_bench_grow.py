@@ -12,7 +12,6 @@ import pytest
 from elastic_bench import grow_report
 from elastic_bench.records import ElasticRecord, Epoch
 
-pytestmark = pytest.mark.no_ray_start_record
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STARTS = [2.0, 12.0, 22.0, 42.0]  # light, heavy, light; the last entry is the end

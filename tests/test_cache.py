@@ -22,8 +22,6 @@ from dpex.cache.rng_guard import RngSnapshot
 
 from cache_datasets import Decoded, runs_in
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 @pytest.mark.parametrize("draw, name", [
     (lambda: random.random(), "Python's random"),

@@ -24,7 +24,6 @@ from dpex.cache.private_folder import CacheFolderError, checked_folder, default_
 from cache_datasets import Decoded
 from conftest import TESTS_DIR, user_env
 
-pytestmark = pytest.mark.no_ray_start_record
 
 OTHER = 1234  # a uid (and gid) that is not the test's user
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a folder owned by another uid is made "

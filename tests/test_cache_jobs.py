@@ -15,7 +15,7 @@ import pytest
 
 from conftest import user_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.no_ray_start_record, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 N = 32
 

@@ -17,7 +17,6 @@ import pytest
 import dpex
 from dpex.cache import fingerprint, reads, runtime
 
-pytestmark = pytest.mark.no_ray_start_record
 
 HELPERS = '''
 SCALE = 2.0

@@ -21,7 +21,6 @@ from cache_datasets import (ChangesItsDecode, Decoded, DiesOnce, DrawsInStage, F
 from conftest import user_env
 from helpers import _list_actors, assert_batches_equal, wait_until
 
-pytestmark = pytest.mark.no_ray_start_record
 
 N, BATCH = 48, 8
 

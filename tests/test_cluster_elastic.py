@@ -15,7 +15,7 @@ import dpex
 from conftest import worker_job_config
 from helpers import REFERENCE_CONTEXT, AugmentedDataset, assert_batches_equal
 
-pytestmark = [pytest.mark.timeout(480), pytest.mark.no_ray_start_record]  # a loaded 2-core machine starts nodes slowly
+pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
 
 
 @pytest.fixture(scope="module")

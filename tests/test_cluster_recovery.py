@@ -30,7 +30,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 import dpex
 
-pytestmark = [pytest.mark.timeout(480), pytest.mark.no_ray_start_record]  # a loaded 2-core machine starts nodes slowly
+pytestmark = pytest.mark.timeout(480)  # a loaded 2-core machine starts nodes slowly
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import dpex
 from conftest import worker_job_config
 from helpers import REFERENCE_CONTEXT, LargeRandom, assert_batches_equal
 
-pytestmark = [pytest.mark.timeout(480), pytest.mark.no_ray_start_record, pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(480), pytest.mark.slow]
 
 MIB = 2**20
 

@@ -22,7 +22,6 @@ from torch.utils.data import DistributedSampler
 import dpex
 from dpex.datasets import ColumnNotFoundError, ParquetDataset, ParquetIterableDataset
 
-pytestmark = pytest.mark.no_ray_start_record
 
 MODES = [pytest.param(False, id="torch"), pytest.param(True, id="ray")]
 

@@ -18,7 +18,6 @@ import dpex
 from conftest import free_port
 from dpex.datasets import ParquetDataset, ParquetIterableDataset, write_shards
 
-pytestmark = pytest.mark.no_ray_start_record
 
 BUCKET = "dpex-test"
 CREDENTIALS = {"access_key": "testing", "secret_key": "testing", "region": "us-east-1"}

@@ -14,8 +14,6 @@ from dpex.observe.delivery import (
 )
 from dpex.workers.process_handle import ProcessHandle
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 def _queued(record: DeliveryRecord, pace_s: float, calls: int, start: float = 0.0,
             tasks: int = 1) -> float:

@@ -10,7 +10,6 @@ import pytest
 
 from conftest import SRC_DIR
 
-pytestmark = pytest.mark.no_ray_start_record
 
 ROOT = os.path.dirname(SRC_DIR)
 PAGE = open(os.path.join(ROOT, "docs", "design-notes.md")).read()

@@ -23,7 +23,7 @@ from helpers import (
     assert_batches_equal,
 )
 
-pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.no_ray_start_record]
+pytestmark = pytest.mark.usefixtures("ray_local")
 
 DATASETS = {
     "map": lambda: AugmentedDataset(48),

@@ -6,8 +6,6 @@ from torch.utils.data import default_collate, default_convert
 
 from dpex.workers.fetcher import IterableFetcher, MapFetcher
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 class WithGetItems(torch.utils.data.Dataset):
     def __init__(self):

@@ -9,8 +9,6 @@ from dpex.elastic.growth_policy import Ask, bundle_for, merged, processes_within
 from dpex.elastic.scaling import AutoscalePolicy, Window
 from dpex.workers.autoscale import Autoscale
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 def test_one_bundle_per_process_shaped_by_the_worker_options():
     assert bundle_for(None, {}) == {"CPU": 1.0}  # a process busies a core, even at num_cpus=0

@@ -12,12 +12,11 @@ import pytest
 
 from conftest import SRC_DIR
 
-pytestmark = pytest.mark.no_ray_start_record
 
 PACKAGE = os.path.join(SRC_DIR, "dpex")
 MAX_LINES = 400
-# Not the loader: the bench and the test clusters (user commands and their machinery), the
-# command line that starts them.
+# Not the loader: the bench (a user command and its machinery) and the command line that
+# starts it.
 NOT_CORE = ("dpex.bench", "dpex.cli", "dpex.__main__")
 
 
@@ -102,7 +101,7 @@ def test_no_module_imports_itself_back_through_others():
     assert circles == []
 
 
-def test_the_loader_never_imports_the_bench_or_the_test_clusters():
+def test_the_loader_never_imports_the_bench():
     core = [m for m in GRAPH if not _is(m, NOT_CORE)]
     assert {m: sorted(d for d in GRAPH[m] if _is(d, NOT_CORE)) for m in core
             if any(_is(d, NOT_CORE) for d in GRAPH[m])} == {}

@@ -14,8 +14,6 @@ from dpex.epoch.seeding import draw_base_seed
 from dpex.workers import local_workers, transport
 from dpex.workers.worker import WorkerConfig
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 class Images(torch.utils.data.Dataset):
     """~600 KB images (float32) with an int label, drawn from torch's RNG in the worker."""

@@ -9,8 +9,6 @@ from dpex.elastic import move_policy
 from dpex.elastic.move_policy import MovePolicy
 from dpex.elastic.scaling import plan_moves
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 class Run:
     """Feeds a policy 2 s windows on a fake clock."""

@@ -29,7 +29,7 @@ from helpers import (
 import dpex
 from dpex.workers.pool import POOL
 
-pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.no_ray_start_record]
+pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def make(distribute: bool, dataset, seed: int, options=None, **kwargs):

@@ -13,8 +13,6 @@ from helpers import AugmentedDataset, wait_until
 
 from dpex.observe.ray_metrics import default_name
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 class Thing:
     pass

@@ -9,7 +9,10 @@ as on another machine: its workers cannot import the project's modules from disk
 
 The training code runs as a user runs it: ``python train.py`` (or ``torchrun``) in a fresh
 interpreter, from the project's directory, with a user's shell environment (nothing from
-this test process, no ``RAY_AUTH_*`` variable). The commands are the README's.
+this test process, no ``RAY_AUTH_*`` variable). The commands are the README's. The user's
+shell has a ``TMPDIR`` of its own, as a job scheduler gives each job: Ray keeps its temp
+dir, and the `ray start` record, under it (``$TMPDIR/ray``), so the modules that run beside
+this one neither see its record nor write it.
 """
 
 from __future__ import annotations
@@ -26,19 +29,34 @@ import time
 
 import pytest
 
-from conftest import free_port, user_env
+from conftest import USER_SHELL_ENV, free_port, user_env
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "benchmarks"))
 
 from dpex.ray_session import auth
 
-pytestmark = [pytest.mark.cluster, pytest.mark.ray_start_record]
+pytestmark = pytest.mark.cluster
 TOKEN_AUTH = auth.has_token_auth()  # Rays before token authentication join without one
 needs_token_auth = pytest.mark.skipif(not TOKEN_AUTH, reason="this Ray has no token auth")
 
 BIN = os.path.dirname(sys.executable)
-RECORD = "/tmp/ray/ray_current_cluster"  # where `ray start` records the address (Ray's default)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def users_tmpdir():
+    """The user's ``TMPDIR``, in every subprocess this module starts (short: Ray's socket
+    paths live under it)."""
+    folder = tempfile.mkdtemp(prefix="dpexrs", dir="/tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(USER_SHELL_ENV, "TMPDIR", folder)
+        yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def record(tmpdir: str) -> str:
+    """Where `ray start` records its address under ``tmpdir``: Ray's default place."""
+    return os.path.join(tmpdir, "ray", "ray_current_cluster")
 
 TRAIN_SHARE = '''
 import json, os, random, sys, time
@@ -243,14 +261,13 @@ def can_drop_priority_privilege() -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, users_tmpdir):
     project = tmp_path_factory.mktemp("project")
     for name, text in (("mydata.py", MYDATA), ("train.py", TRAIN), ("train_ddp.py", TRAIN_DDP),
                        ("train_share.py", TRAIN_SHARE),
                        ("train_lightning.py", TRAIN_LIGHTNING),
                        ("nicedata.py", NICEDATA), ("train_niceness.py", TRAIN_NICENESS)):
         (project / name).write_text(textwrap.dedent(text))
-    previous_record = open(RECORD).read() if os.path.exists(RECORD) else None
     env = user_env()
     port = free_port()
     # Ray's token auth: the first ray.init() on a machine makes a token; a machine that has
@@ -265,6 +282,8 @@ def cluster(tmp_path_factory):
         procs.run(["--head", f"--port={port}", "--num-cpus=1",
                    f"--ray-client-server-port={free_port()}",
                    f"--dashboard-agent-listen-port={free_port()}"], env, wrap=unprivileged)
+        # Recorded under the user's TMPDIR, where a script's ray.init("auto") looks.
+        assert open(record(users_tmpdir)).read().strip().endswith(f":{port}")
         # A joining node turns token auth on itself (the README says so).
         wrap = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs "{project}" && exec "$0" "$@"'
                 ] if hidden else []
@@ -275,12 +294,6 @@ def cluster(tmp_path_factory):
         yield {"address": f"127.0.0.1:{port}", "project": project, "hidden": hidden}
     finally:
         procs.stop()
-        if previous_record is None:
-            if os.path.exists(RECORD):
-                os.remove(RECORD)
-        else:
-            with open(RECORD, "w") as f:
-                f.write(previous_record)
 
 
 def train(cluster, *args: str, **env: str) -> dict:

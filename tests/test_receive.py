@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
 from ray.exceptions import GetTimeoutError
 
 from dpex.loader import receive
 from dpex.observe.stats import LoaderStats
-
-pytestmark = pytest.mark.no_ray_start_record
 
 
 def test_the_poll_for_arrivals_runs_at_most_every_5_ms(monkeypatch):

@@ -25,7 +25,7 @@ import dpex
 from dpex.loader.dispatch import MAX_TASKS_PER_CALL
 from dpex.workers.pool import POOL
 
-pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.no_ray_start_record]
+pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def loader(dataset, **kwargs):

@@ -23,7 +23,6 @@ IMAGENET = 1_280_000
 
 # Nothing here reads the `ray start` record: the Ray tests run on the shared local session,
 # the benchmark on its own embedded Ray (head_address=None).
-pytestmark = pytest.mark.no_ray_start_record
 
 
 def ray_tier(test):

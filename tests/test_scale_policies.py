@@ -31,7 +31,6 @@ from dpex.elastic.scaling import (
 from dpex.elastic.store_budget import StoreBudget
 from dpex.workers.autoscale import Autoscale
 
-pytestmark = pytest.mark.no_ray_start_record
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                      "benchmarks", "scale_policies.py")

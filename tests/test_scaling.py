@@ -15,8 +15,6 @@ from dpex.elastic.scaling import (
 )
 from dpex.workers.autoscale import Autoscale
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 def test_allocate_is_proportional_and_maximises_the_slowest_share():
     assert allocate(4, [1, 1]) == [2, 2]

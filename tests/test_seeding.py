@@ -9,8 +9,6 @@ from torch.utils.data._utils.worker import _generate_state
 
 from dpex.epoch.seeding import RngState, draw_base_seed, numpy_seed_state, seed_worker
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 @pytest.mark.parametrize("base_seed", [0, 1, 2**31 - 1, 2**32 + 5, 2**62 + 12345, -7])
 @pytest.mark.parametrize("worker_id", [0, 1, 13])

@@ -12,7 +12,6 @@ from helpers import LargeRandom, assert_batches_equal
 import dpex
 from dpex.elastic.store_budget import StoreBudget
 
-pytestmark = pytest.mark.no_ray_start_record
 
 MB = 10**6
 

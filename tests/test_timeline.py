@@ -9,8 +9,6 @@ from helpers import AugmentedDataset
 import dpex
 from dpex.observe.timeline import Timeline
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 def record(timeline: Timeline, task: int, process: int, sent: float, compute: float,
            transfer: float, held: float = 0.0, queued: float = 0.0) -> None:

@@ -135,7 +135,7 @@ from torch_property_datasets import (
     shuffled_datapipe, tensor_data,
 )
 
-pytestmark = [pytest.mark.usefixtures("ray_local", "patched"), pytest.mark.no_ray_start_record]
+pytestmark = [pytest.mark.usefixtures("ray_local", "patched")]
 
 # ----------------------------------------------------------------------------- batches
 

@@ -38,7 +38,7 @@ from dpex import compat
 from dpex.dataloader import TorchDataLoader
 from dpex.integrations import zero_code
 
-pytestmark = [pytest.mark.usefixtures("ray_local", "patched"), pytest.mark.no_ray_start_record]
+pytestmark = [pytest.mark.usefixtures("ray_local", "patched")]
 
 # ----------------------------------------------------------------------------- workers
 

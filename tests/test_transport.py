@@ -10,7 +10,6 @@ import torch
 from dpex.nested import map_structure
 from dpex.workers.transport import ZERO_COPY_MIN_BYTES, _WireTensor, from_wire, to_wire
 
-pytestmark = pytest.mark.no_ray_start_record
 
 Pair = namedtuple("Pair", "a b")
 

@@ -15,7 +15,6 @@ from shard_helpers import assert_exactly_once
 import dpex
 from dpex.datasets import RankSplitter, WorkerRandom
 
-pytestmark = pytest.mark.no_ray_start_record
 
 SHARD_SIZES = [7, 5, 6, 4, 8]  # 30 samples; unequal shards, more shards than 2 x 2 readers
 

@@ -11,8 +11,6 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from dpex.workers.transport import from_wire
 from dpex.workers.worker import DATA, Worker, WorkerConfig
 
-pytestmark = pytest.mark.no_ray_start_record
-
 
 @pytest.fixture(autouse=True)
 def as_if_in_a_worker_only_here(monkeypatch):
