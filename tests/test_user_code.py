@@ -15,7 +15,7 @@ PROJECT_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import mypkg.data, mydata, torch, dpex
-from dpex import user_code
+from dpex.workers import user_code
 import ray.cloudpickle
 bundle = user_code.bundle_for("auto", embedded=False)
 print(json.dumps({"roots": sorted(user_code.user_module_roots()), "shipped": sorted(bundle),
@@ -26,7 +26,7 @@ print("PICKLE:" + ray.cloudpickle.dumps(user_code.wrap(both, bundle)).hex())
 
 LOAD_SCRIPT = """
 import sys, ray.cloudpickle
-from dpex import user_code
+from dpex.workers import user_code
 dataset, set_offset = user_code.unwrap(ray.cloudpickle.loads(bytes.fromhex(sys.stdin.read())))
 set_offset(10)  # a worker_init_fn-like function sets a module global the dataset reads
 import mydata, mypkg.data
