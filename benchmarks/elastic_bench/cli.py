@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpex.bench.cli import comma_counts, comma_names
 from dpex.bench.report import Target
 from dpex.bench.suite import DEFAULTS  # size -> (epochs, repeats), as dpex bench's
 from dpex.bench.workloads import SIZES
@@ -26,27 +27,6 @@ from elastic_bench.records import DEFAULT_WORKERS, ELASTIC_WORKLOADS, ElasticCon
 
 GROW = "grow"  # elastic_bench.grow.WORKLOAD, without importing it here
 KINDS = {"elastic": ELASTIC_WORKLOADS, "grow": (GROW,)}
-
-
-def _names(allowed: tuple[str, ...]):
-    def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
-        unknown = [n for n in names if n not in allowed]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(
-                f"unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(allowed)}")
-        return names
-    return parse
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 2 or 1,2,4, got {text!r}")
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"counts must be >= 1, got {text!r}")
-    return values
 
 
 def _positive(text: str) -> int:
@@ -71,7 +51,7 @@ def parser(kind: str) -> argparse.ArgumentParser:
             "grow: an autoscaling Ray cluster on this machine, its node count following "
             "the loop's stalls (see benchmarks/elastic_bench/grow.py)"))
     if kind == "elastic":
-        p.add_argument("--workloads", type=_names(ELASTIC_WORKLOADS),
+        p.add_argument("--workloads", type=comma_names(ELASTIC_WORKLOADS),
                        default=list(ELASTIC_WORKLOADS),
                        help=f"comma-separated, from {','.join(ELASTIC_WORKLOADS)} (default: all)")
     p.add_argument("--size", choices=SIZES, default="small",
@@ -88,7 +68,7 @@ def parser(kind: str) -> argparse.ArgumentParser:
     if kind == "elastic":
         p.add_argument("--workers", type=_positive, default=None, metavar="N",
                        help=f"num_workers of every loader (default {DEFAULT_WORKERS})")
-        p.add_argument("--nodes", type=_ints, default=[1, 2],
+        p.add_argument("--nodes", type=comma_counts, default=[1, 2],
                        help="scaleout: the node counts dpex's workers spread over (default "
                             "1,2; nodes that do not fit on this machine's cores are skipped)")
         p.add_argument("--cores-per-node", type=_positive, default=1, metavar="N",

@@ -30,7 +30,9 @@ ELSEWHERE = {"scaleout": "bench_elastic.py", "unequal": "bench_elastic.py",
              "autoscale": "bench_elastic.py", "grow": "bench_grow.py"}
 
 
-def _names(allowed: tuple[str, ...]):
+def comma_names(allowed: tuple[str, ...]):
+    """An argparse type: comma-separated names, each one of ``allowed``."""
+
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in allowed]
@@ -44,7 +46,8 @@ def _names(allowed: tuple[str, ...]):
     return parse
 
 
-def _ints(text: str) -> list[int]:
+def comma_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated counts, each at least 1."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -56,13 +59,13 @@ def _ints(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n")[0]
-    parser.add_argument("--workloads", type=_names(ALL_WORKLOADS), default=list(ALL_WORKLOADS),
+    parser.add_argument("--workloads", type=comma_names(ALL_WORKLOADS), default=list(ALL_WORKLOADS),
                         help=f"comma-separated, from {','.join(ALL_WORKLOADS)} (default: all; "
                              "coldstart and startup compare torch and dpex-ray in fresh "
                              "processes)")
-    parser.add_argument("--loaders", type=_names(LOADERS), default=list(LOADERS),
+    parser.add_argument("--loaders", type=comma_names(LOADERS), default=list(LOADERS),
                         help=f"comma-separated, from {','.join(LOADERS)} (default: all)")
-    parser.add_argument("--workers", type=_ints, default=None,
+    parser.add_argument("--workers", type=comma_counts, default=None,
                         help="num_workers for every loader; comma-separated to sweep "
                              "(default 2)")
     parser.add_argument("--size", choices=SIZES, default="small",
