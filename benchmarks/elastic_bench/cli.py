@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpex.bench.cli import comma_counts, comma_names
-from dpex.bench.report import Target
+from dpex.bench.report import Target, print_summary
 from dpex.bench.suite import DEFAULTS  # size -> (epochs, repeats), as dpex bench's
 from dpex.bench.workloads import SIZES
 from elastic_bench.records import DEFAULT_WORKERS, ELASTIC_WORKLOADS, ElasticConfig, ElasticRecord
@@ -204,17 +204,8 @@ def main(kind: str, argv: list[str] | None = None) -> int:
     else:
         records, notes, config = (run_elastic if kind == "elastic" else run_grow)(args)
         result = write_results(records, args.out, config, notes)
-    for table in result.tables:
-        print()
-        print(table)
-    print()
-    print("Targets (each line gives its bound):")
-    for target in result.targets:
-        print("  " + target.line())
-    for note in result.skipped:
-        print(f"skipped: {note}")
-    print(f"\nwrote {result.json_path}, {result.json_path.with_suffix('.md')}"
-          + "".join(f", {p}" for p in result.plots))
+    print_summary(result.tables, result.targets, result.skipped, result.json_path,
+                  result.plots)
     for error in result.errors:
         print(f"failed: {error}")
     return 1 if result.errors else 0

@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dpex.bench.report import print_summary
 from dpex.bench.runners import LOADERS
 from dpex.bench.suite import (
     ALL_WORKLOADS,
@@ -108,18 +109,7 @@ def run(args: argparse.Namespace) -> int:
                                coldstart_records=coldstart_records)
     else:
         result = run_suite(config)
-    for table in (*result.extra_tables, result.table):
-        if table:
-            print()
-            print(table)
-    print()
-    print("Targets (each line gives its bound):")
-    for target in result.targets:
-        print("  " + target.line())
-    for note in result.skipped:
-        print(f"skipped: {note}")
-    plots = [result.plot_path] if result.plot_path else []
-    print(f"\nwrote {result.json_path}, {result.json_path.with_suffix('.md')}"
-          + "".join(f", {p}" for p in plots))
+    print_summary((*result.extra_tables, result.table), result.targets, result.skipped,
+                  result.json_path, [result.plot_path] if result.plot_path else [])
     failed = [r for r in result.rows if r.error and not r.repeats]
     return 1 if failed else 0

@@ -263,3 +263,21 @@ def save_figure(fig, plt, path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def print_summary(tables: Iterable[str], targets: Iterable[Target], skipped: Iterable[str],
+                  json_path: Path, plots: Iterable[Path]) -> None:
+    """What a bench run prints at its end: its tables, its targets, what it skipped, and
+    the files it wrote."""
+    for table in tables:
+        if table:
+            print()
+            print(table)
+    print()
+    print("Targets (each line gives its bound):")
+    for target in targets:
+        print("  " + target.line())
+    for note in skipped:
+        print(f"skipped: {note}")
+    print(f"\nwrote {json_path}, {json_path.with_suffix('.md')}"
+          + "".join(f", {p}" for p in plots))
