@@ -183,9 +183,9 @@ def _imports_ray(path: str) -> bool:
 
 
 def _pure(path: str) -> bool:
-    """Its docstring says so: "Pure: no Ray" (or "Pure, no Ray")."""
+    """Its docstring says so: "Pure: no Ray" (or "Pure, no Ray", "(pure)", "(pure, no Ray)")."""
     doc = ast.get_docstring(ast.parse(open(path).read())) or ""
-    return bool(re.search(r"Pure[:,] no Ray", doc.replace("\n", " ")))
+    return bool(re.search(r"Pure[:,] no Ray|\(pure(, no Ray)?\)", doc.replace("\n", " ")))
 
 
 PURE = sorted(m for m, p in MODULES.items() if _pure(p))
@@ -194,8 +194,9 @@ PURE = sorted(m for m, p in MODULES.items() if _pure(p))
 def test_the_pure_modules_are_the_policies_and_the_epochs_state():
     assert {"dpex.elastic.scaling", "dpex.elastic.allocation", "dpex.elastic.move_policy",
             "dpex.elastic.growth_policy", "dpex.elastic.store_budget", "dpex.epoch.resume",
-            "dpex.epoch.seeding", "dpex.observe.delivery", "dpex.workers.fetcher",
-            "dpex.nested"} <= set(PURE)
+            "dpex.epoch.seeding", "dpex.observe.delivery", "dpex.observe.stats",
+            "dpex.workers.fetcher", "dpex.workers.errors", "dpex.nested",
+            "dpex.cache.policy", "dpex.cache.reads", "dpex.cache.entries"} <= set(PURE)
 
 
 @pytest.mark.parametrize("module", PURE)

@@ -1,4 +1,5 @@
-"""What a cache's entries depend on, as one digest: its namespace (pure, no Ray).
+"""What a cache's entries depend on, as one digest: its namespace (pure; Ray only for its
+cloudpickle, for what pickle cannot pickle).
 
 A namespace covers:
 * the code the stage runs: its own, and every function, class and module-level value it

@@ -1,4 +1,5 @@
 """The cache folder, checked to be the user's alone before dpex keeps or reads entries in it.
+Pure: no Ray.
 
 NOTE [ dpex Cache Folder Trust ]
 

@@ -1,4 +1,5 @@
 """Data-stall metrics: how long the training loop waited for data, and where batches came from.
+Pure: no Ray.
 
 A ``LoaderStats`` lives on the loader and accumulates over its epochs; ``snapshot()`` gives an
 immutable ``StatsSnapshot`` that is safe to print or log during training.

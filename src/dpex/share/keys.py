@@ -1,4 +1,5 @@
-"""What makes two loaders' batches the same bits: the stream's keys (pure, no Ray).
+"""What makes two loaders' batches the same bits: the stream's keys (pure; Ray only for its
+cloudpickle, through fingerprint.py).
 
 A batch of dpex is a pure function of the loader's configuration, its worker's RNG state
 and the index batches that worker ran before it. Two loaders share a batch when:

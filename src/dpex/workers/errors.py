@@ -1,4 +1,5 @@
 """Carrying an exception from a worker to the training loop, as the same exception type.
+Pure: no Ray.
 
 torch's idea (``ExceptionWrapper``), dpex's code: the worker records the exception type, the
 formatted remote traceback and the sample indices it was loading; the trainer re-raises the
