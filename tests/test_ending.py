@@ -13,17 +13,13 @@ test_autoscaler.py, beside their clusters.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
 import pytest
 
+import ending  # benchmarks/ending.py (conftest puts benchmarks/ on sys.path)
 from conftest import user_env
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-import ending  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 NO_HANG_S = 20.0  # an exit slower than this is a hang (torch's take well under a second)

@@ -30,10 +30,6 @@ import time
 import pytest
 
 from conftest import USER_SHELL_ENV, free_port, user_env
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-
 from dpex.ray_session import auth
 
 pytestmark = pytest.mark.cluster

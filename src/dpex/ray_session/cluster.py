@@ -1,5 +1,5 @@
 """What the joined Ray cluster reports of its object stores: each node's capacity, and the
-bytes spilled to disk. Read from Ray here, and nowhere else in dpex."""
+bytes spilled to disk."""
 
 from __future__ import annotations
 
