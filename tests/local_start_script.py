@@ -4,7 +4,8 @@ happens; ``kill``: a local process is SIGKILLed while its workers are being hand
 ``epochs``: epochs far shorter than a Ray process's start, with torch's default
 non-persistent workers, until every worker is on Ray; ``stalled-raylet``: the same, while
 the embedded head's first raylet is stopped (SIGSTOP) as soon as it exists, as a machine
-too busy to let it register would. Prints one JSON line: whether the batches are torch's,
+too busy to let it register would; ``stalled-store``: the same, with the raylet stopped
+for 5 s from the moment the trainer joined. Prints one JSON line: whether the batches are torch's,
 and what the loader did."""
 
 import json
@@ -72,9 +73,9 @@ def batches(distribute_mode, fault=None):
     return out, loader, (local_pids if distribute_mode else [])
 
 
-def short_epochs(distribute_mode, count=None, limit_s=None):
+def short_epochs(distribute_mode, count=None, limit_s=None, spans=None):
     """Epochs of 8 batches (about 0.1 s), ``count`` of them or, for dpex, until an epoch
-    began on Ray processes (or ``limit_s`` passed)."""
+    began on Ray processes (or ``limit_s`` passed). ``spans``: each epoch's (start, end)."""
     from dpex.workers.pool import POOL
 
     deadline = time.monotonic() + limit_s if limit_s else None
@@ -83,42 +84,70 @@ def short_epochs(distribute_mode, count=None, limit_s=None):
                              distribute_mode=distribute_mode)
     epochs, began_on_ray = [], False
     while len(epochs) != count and (deadline is None or time.monotonic() < deadline):
+        started = time.monotonic()
         it = iter(loader)
         began_on_ray = distribute_mode and not it._local_active
         epochs.append(list(it))
+        if spans is not None:
+            spans.append((started, time.monotonic()))
         if began_on_ray and POOL.answered:
             break
     return epochs, loader, began_on_ray
 
 
+def first_raylet() -> int | None:
+    """The pid of the first raylet below this process, if there is one yet."""
+    for pid, _ in descendants([os.getpid()]):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")[0]
+        except OSError:
+            continue
+        if command.endswith(b"/raylet"):
+            return pid
+    return None
+
+
 def stall_first_raylet(stalled: list[int]) -> None:
     """SIGSTOP the first raylet below this process, and note its pid and its helper's."""
-    from dpex.process_ends import descendants
-
-    while not stalled:
-        for pid, _ in descendants([os.getpid()]):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    command = f.read().split(b"\0")[0]
-            except OSError:
-                continue
-            if command.endswith(b"/raylet"):
-                os.kill(pid, signal.SIGSTOP)
-                stalled.extend([pid, embedded._head._proc.pid])
-                return
+    while (pid := first_raylet()) is None:
         time.sleep(0.02)
+    os.kill(pid, signal.SIGSTOP)
+    stalled.extend([pid, embedded._head._proc.pid])
 
 
-def main_epochs(stall: bool = False):
+def stall_raylet_once_joined(stall: dict, stall_s: float = 5.0) -> None:
+    """Once the trainer has joined the embedded head, stop its raylet (the node's object
+    store, which a ``ray.put`` waits on) for ``stall_s``, as a head still starting at the
+    lowest priority on a busy machine is slow to answer; note when."""
+    import ray
+
+    while not ray.is_initialized():
+        time.sleep(0.002)
+    pid = first_raylet()
+    os.kill(pid, signal.SIGSTOP)
+    stall["from"] = time.monotonic()
+    time.sleep(stall_s)
+    stall["to"] = time.monotonic()
+    os.kill(pid, signal.SIGCONT)
+
+
+def main_epochs(stall: str | None = None):
     from dpex.workers.pool import POOL
 
     stalled: list[int] = []
-    if stall:
+    store_stall: dict[str, float] = {}
+    spans: list[tuple[float, float]] = []
+    if stall == "raylet":
         threading.Thread(target=stall_first_raylet, args=(stalled,), daemon=True).start()
+    elif stall == "store":
+        threading.Thread(target=stall_raylet_once_joined, args=(store_stall,),
+                         daemon=True).start()
     # Until an epoch begins on Ray's processes. The loop leaves no core idle, so the head,
     # at the lowest priority until then, may take until its cap (head_priority.LOW_S) to
     # start on a machine busy with other work: the limit leaves room for it.
-    got, loader, last_began_on_ray = short_epochs(True, limit_s=head_priority.LOW_S + 120)
+    got, loader, last_began_on_ray = short_epochs(True, limit_s=head_priority.LOW_S + 120,
+                                                  spans=spans)
     expected, _, _ = short_epochs(False, count=len(got))
 
     print(json.dumps({
@@ -130,6 +159,7 @@ def main_epochs(stall: bool = False):
         "spilled": loader.stats().store_spilled_bytes, "grpc_channels": GRPC_CHANNELS,
         "stalled": stalled, "helper_pid": embedded._head._proc.pid,
         "head_retries_left": embedded._head.retries_left,
+        "store_stall": store_stall, "spans": spans,
     }), flush=True)
 
 
@@ -169,8 +199,8 @@ def outside_session(helper_pid: int) -> list[str]:
 
 def main():
     mode = sys.argv[1]
-    if mode in ("epochs", "stalled-raylet"):
-        return main_epochs(stall=mode == "stalled-raylet")
+    if mode in ("epochs", "stalled-raylet", "stalled-store"):
+        return main_epochs(stall={"stalled-raylet": "raylet", "stalled-store": "store"}.get(mode))
     expected, _, _ = batches(False)
     fault = {"done": False} if mode == "kill" else None
     got, loader, local_pids = batches(True, fault)

@@ -76,6 +76,22 @@ def test_a_head_whose_raylet_does_not_register_in_time_is_started_again():
     assert wait_gone([raylet, first_helper, out["helper_pid"]]) == []
 
 
+@pytest.mark.slow  # as above: the head may start only at its low-priority cap
+@pytest.mark.timeout(600)
+def test_a_head_slow_to_answer_after_the_join_never_holds_up_an_epoch():
+    """Until the hand-over the head's daemons run at the lowest priority, and on a busy
+    machine they answer late. The loop must not wait on them: the dataset's put and the
+    read of the stores run beside it. Here the raylet (the object store) is stopped for
+    5 s from the moment the trainer joined: the short epochs (about 0.2 s) go on locally
+    meanwhile, and the workers move to Ray after it, with torch's batches."""
+    out = run_script("stalled-store", timeout=540)
+    assert out["equal"] and out["last_began_on_ray"], out
+    stall = out["store_stall"]
+    during = [end - start for start, end in out["spans"]
+              if end > stall["from"] and start < stall["to"]]
+    assert len(during) >= 3 and max(during) < 2.5, (during, out)
+
+
 @pytest.mark.parametrize("mode", ["handover", "kill"])
 def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     out = run_script(mode)

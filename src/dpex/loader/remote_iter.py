@@ -186,13 +186,21 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
     def _setup_ray(self) -> None:
         """What the Ray processes need: the dataset in the object store (once), the config,
         with the user's own modules where they travel (see dpex.workers.user_code)."""
-        code = user_code.bundle_for(self._options.ship_modules, embedded=ray_session.owns_ray_session())
         session_handles.hold(self)
-        self._dataset_ref = ray.put(user_code.wrap(self._dataset, code))
-        self._config = user_code.wrap(self._raw_config, code)
+        self._adopt_ray_setup(self._ray_setup())
+
+    def _ray_setup(self) -> tuple[Any, Any, dict[str, float]]:
+        """The setup's calls to Ray, safe in another thread (a local start runs them beside
+        the loop): the dataset's ref, the config, and each node's object store."""
+        code = user_code.bundle_for(self._options.ship_modules, embedded=ray_session.owns_ray_session())
+        dataset_ref = ray.put(user_code.wrap(self._dataset, code))
+        return dataset_ref, user_code.wrap(self._raw_config, code), object_store_capacities()
+
+    def _adopt_ray_setup(self, setup: tuple[Any, Any, dict[str, float]]) -> None:
+        self._dataset_ref, self._config, capacities = setup
         self._picker = NodePicker(self._options)
         self._store.trainer_node = self._picker.trainer_node_id
-        self._store.capacities.update(object_store_capacities())
+        self._store.capacities.update(capacities)
 
     def _control_step(self) -> None:
         """Between batches and while waiting: the local start's hand-over, else elastic."""

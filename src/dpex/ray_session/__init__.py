@@ -35,13 +35,13 @@ from __future__ import annotations
 
 from dpex.ray_session import embedded, head_priority, session_handles
 from dpex.ray_session.cluster import object_store_capacities, spilled_bytes
-from dpex.ray_session.embedded import owns_ray_session
+from dpex.ray_session.embedded import owns_ray_session, seconds_since_join
 from dpex.ray_session.join import joining
 from dpex.ray_session.rank_store import connect
 from dpex.ray_session.rules import would_start_embedded
 
 __all__ = ["connect", "would_start_embedded", "start_embedded", "joined_if_up",
-           "full_priority", "owns_ray_session", "joining", "session_handles",
+           "full_priority", "owns_ray_session", "seconds_since_join", "joining", "session_handles",
            "object_store_capacities", "spilled_bytes"]
 
 

@@ -151,6 +151,7 @@ class EmbeddedHead:
 lock = threading.Lock()  # held by whoever starts or joins the embedded Ray
 _head: EmbeddedHead | None = None
 _joined = False
+_joined_at: float | None = None  # time.monotonic() when this process joined the head
 
 
 def started() -> bool:
@@ -196,7 +197,7 @@ def join_if_up() -> bool:
 
 
 def join_head(address: str) -> None:
-    global _joined
+    global _joined, _joined_at
     # Workers import what the driver imports: they inherit the driver's path from the
     # helper, or, where the driver's changed since, from the job's environment. (They start
     # at the trainer's niceness, as torch's forked workers do: the helper's setting.)
@@ -205,7 +206,12 @@ def join_head(address: str) -> None:
         "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
     with compat.loopback_only(), compat.quiet_token_auth_banner():
         join(address, **own_path)
-    _joined = True
+    _joined, _joined_at = True, time.monotonic()
+
+
+def seconds_since_join() -> float | None:
+    """Seconds since this process joined the embedded head; None while it has not."""
+    return time.monotonic() - _joined_at if owns_ray_session() and _joined_at else None
 
 
 def head_session() -> int | None:

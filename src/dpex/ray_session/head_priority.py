@@ -20,8 +20,10 @@ How
   moved to Ray, the trainer waits for Ray with nothing running locally, or a loader shares
   its stream (``share=``), which needs Ray's object store to share anything. Until then the
   Ray processes of the hand-over import torch and the dataset on what the loop leaves.
-  (Raising the group while the trainer joins and sets up did not shorten that step: its
-  0.35-0.4 s, once per process, are the trainer's own ``ray.init`` and first ``ray.put``.)
+  The trainer's own calls to the low daemons in that time (a ``ray.put``, a read of the
+  nodes) would wait 50-150 ms each, an epoch's worth of short epochs: they run in a thread
+  beside the loop (local_start.py, step 3). Raising the group while the trainer joins
+  did not shorten the join (0.15-0.2 s, the trainer's own ``ray.init``, once per process).
 
 Starved, Ray must not fail
   On a machine the loop keeps busy, the start may take minutes, and Ray has deadlines. A

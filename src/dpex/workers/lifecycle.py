@@ -324,7 +324,8 @@ class ProcessLifecycle:
             list(getattr(self, "_unarrived", ())),
             list(getattr(self, "_task_ref", {}).values()),
             [(s.ready_ref, s.after_ref, s.barrier) for s in getattr(self, "_slots", ())],
-            [(p.actor, p.ready_ref) for p in getattr(self, "_procs", ())])
+            [(p.actor, p.ready_ref) for p in getattr(self, "_procs", ())],
+            getattr(self, "_pending_setup", None))  # a local start's setup, still running
         if hasattr(self, "_procs"):
             stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])
             self._forget_processes()

@@ -20,7 +20,9 @@ What happens
      trainer itself holds no Ray state yet, so later iterators of the same process can fork
      local processes too.
   3. Between batches, and while the loop waits, ``_local_step`` checks the head. Once it is
-     up the trainer joins it (about 0.1 s), puts the dataset in the object store, and starts
+     up the trainer joins it (about 0.1 s). A thread of the trainer puts the dataset in the
+     object store and reads the nodes' stores: those calls wait on the head's daemons,
+     still at the lowest priority, and the loop goes on meanwhile. Then the iterator starts
      one Ray process per local one, watched: none takes a worker before it answers.
   4. As each answers, the logical workers of its local twin move to it with the move
      protocol (elastic.py's NOTE: drain, then continue from the RNG state of the last
@@ -41,12 +43,15 @@ Failures
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
 
 from dpex import ray_session
+from dpex.ray_session import session_handles
 from dpex.workers.local_workers import LOCAL_NODE, LocalActor, wait
 from dpex.workers.pool import POOL
 
@@ -77,6 +82,41 @@ def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) ->
         return False
 
 
+# The process's first setup after it joined costs the trainer about 0.15 CPU-s of Ray's own
+# imports (its serialization context), as the join does: a second apart, they fall in two
+# epochs of a loop with short epochs, not in one.
+SETUP_AFTER_JOIN_S = 1.0
+
+
+class BesideTheLoop:
+    """A call run in a daemon thread of the trainer; its result (or its exception) taken
+    once done."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(call,), daemon=True,
+                         name="dpex-ray-setup").start()
+
+    def _run(self, call: Callable[[], Any]) -> None:
+        try:
+            self._result = call()
+        except BaseException as exc:  # noqa: BLE001 - raised where the result is taken
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 class LocalStart:
     """The local-start half of ``_RayDataLoaderIter`` (which sets the attributes used here)."""
 
@@ -89,6 +129,7 @@ class LocalStart:
             self._procs.append(ProcessHandle(LocalActor(dataset, config), LOCAL_NODE,
                                              self._proc_serial))
         self._local_twins: dict[ProcessHandle, ProcessHandle] = {}  # Ray process -> local
+        self._pending_setup: BesideTheLoop | None = None  # step 3's setup, while it runs
         ray_session.start_embedded()
         if self._share_on:  # its stream shares nothing before Ray is up: no lowest priority
             ray_session.full_priority()
@@ -101,9 +142,8 @@ class LocalStart:
         if not self._local_active:
             return
         if self._dataset_ref is None:
-            if not ray_session.joined_if_up():
+            if not ray_session.joined_if_up() or not self._set_up_beside_the_loop():
                 return
-            self._setup_ray()
             self._elastic.note("Ray is up: a Ray process for each local one, started or from the "
                                "warm pool")
         with self._picker.placement_round():  # one reading of the nodes for them all
@@ -132,8 +172,27 @@ class LocalStart:
             self._elastic.note("every logical worker is on a Ray process")
             ray_session.full_priority()  # the head back at the trainer's priority
 
+    def _set_up_beside_the_loop(self) -> bool:
+        """Step 3's setup in a thread (``_ray_setup``); True once its result is adopted."""
+        if self._pending_setup is None:
+            since_join = ray_session.seconds_since_join()
+            if since_join is not None and since_join < SETUP_AFTER_JOIN_S:
+                return False
+            session_handles.hold(self)
+            self._pending_setup = BesideTheLoop(self._ray_setup)
+            return False
+        if not self._pending_setup.done():
+            return False
+        self._adopt_ray_setup(self._pending_setup.result())
+        self._pending_setup = None
+        return True
+
     def _ensure_ray(self) -> None:
         """Join the head now, waiting for it if need be (a recovery needs a Ray process)."""
         if self._dataset_ref is None:
             ray_session.connect(self._head_address)
-            self._setup_ray()
+            if self._pending_setup is not None:  # wait for the one running
+                self._adopt_ray_setup(self._pending_setup.result())
+                self._pending_setup = None
+            else:
+                self._setup_ray()
