@@ -111,6 +111,20 @@ def test_a_round_that_places_nothing_reads_nothing():
     assert reads == []
 
 
+def test_a_reading_taken_beside_the_loop_serves_the_first_placement():
+    """A local start reads the nodes in its setup thread: its first placement uses that
+    reading and asks Ray nothing; later ones read anew."""
+    from dpex.elastic.placement import NodePicker
+    from dpex.workers.options import WorkerOptions
+
+    taken, now = synthetic_nodes(4, random.Random(0)), synthetic_nodes(8, random.Random(0))
+    reads = []
+    picker = NodePicker(WorkerOptions(), trainer_node_id="node-0000", nodes=taken,
+                        read_nodes=lambda: reads.append(1) or now)
+    assert picker.node_for([]) in {n["NodeID"] for n in taken} and reads == []
+    assert set(picker.eligible()) == {n["NodeID"] for n in now if n["Alive"]} and reads == [1]
+
+
 def test_a_placement_decision_does_not_scan_the_processes_once_per_node():
     """One more process, 2,047 placed on 256 nodes: the node ids are compared O(nodes +
     processes) times (the old rule counted each node's processes in the list: 256 * 2,047

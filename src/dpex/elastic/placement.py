@@ -80,12 +80,15 @@ class NodePicker:
 
     def __init__(self, options: WorkerOptions, trainer_node_id: str | None = None,
                  read_nodes: Callable[[], list[dict]] | None = None,
-                 read_available: Callable[[], dict[str, float]] | None = None) -> None:
+                 read_available: Callable[[], dict[str, float]] | None = None,
+                 nodes: list[dict] | None = None) -> None:
+        """``nodes``: a reading of ``ray.nodes()`` already taken, which the first read uses."""
         self.options = options
         self.trainer_node_id = (trainer_node_id if trainer_node_id is not None
                                 else ray.get_runtime_context().get_node_id())
         self._read_nodes = read_nodes or ray.nodes
         self._read_available = read_available or ray.available_resources
+        self._first_reading = nodes
         self._round: tuple[dict[str, float], list[str]] | None = None  # (cpus, sorted ids)
         self._round_depth = 0
 
@@ -93,7 +96,9 @@ class NodePicker:
         """The eligible nodes' CPUs: read now, or in a placement round its one reading."""
         if self._round is not None:
             return self._round[0]
-        cpus = eligible_cpus(self._read_nodes(), self.options, self.trainer_node_id)
+        nodes, self._first_reading = self._first_reading, None
+        cpus = eligible_cpus(self._read_nodes() if nodes is None else nodes, self.options,
+                             self.trainer_node_id)
         if self._round_depth:
             self._round = (cpus, sorted(cpus))
         return cpus

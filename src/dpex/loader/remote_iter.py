@@ -189,18 +189,18 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         session_handles.hold(self)
         self._adopt_ray_setup(self._ray_setup())
 
-    def _ray_setup(self) -> tuple[Any, Any, dict[str, float]]:
+    def _ray_setup(self) -> tuple[Any, Any, list[dict]]:
         """The setup's calls to Ray, safe in another thread (a local start runs them beside
-        the loop): the dataset's ref, the config, and each node's object store."""
+        the loop): the dataset's ref, the config, and a reading of the nodes."""
         code = user_code.bundle_for(self._options.ship_modules, embedded=ray_session.owns_ray_session())
         dataset_ref = ray.put(user_code.wrap(self._dataset, code))
-        return dataset_ref, user_code.wrap(self._raw_config, code), object_store_capacities()
+        return dataset_ref, user_code.wrap(self._raw_config, code), ray.nodes()
 
-    def _adopt_ray_setup(self, setup: tuple[Any, Any, dict[str, float]]) -> None:
-        self._dataset_ref, self._config, capacities = setup
-        self._picker = NodePicker(self._options)
+    def _adopt_ray_setup(self, setup: tuple[Any, Any, list[dict]]) -> None:
+        self._dataset_ref, self._config, nodes = setup
+        self._picker = NodePicker(self._options, nodes=nodes)  # its first placement's reading
         self._store.trainer_node = self._picker.trainer_node_id
-        self._store.capacities.update(capacities)
+        self._store.capacities.update(object_store_capacities(nodes))
 
     def _control_step(self) -> None:
         """Between batches and while waiting: the local start's hand-over, else elastic."""

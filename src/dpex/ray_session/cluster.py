@@ -6,10 +6,11 @@ from __future__ import annotations
 import ray
 
 
-def object_store_capacities() -> dict[str, float]:
-    """Each alive node's object store, in bytes (its ``object_store_memory`` resource)."""
+def object_store_capacities(nodes: list[dict] | None = None) -> dict[str, float]:
+    """Each alive node's object store, in bytes (its ``object_store_memory`` resource), from
+    ``nodes`` (a reading of ``ray.nodes()``) or read now."""
     return {node["NodeID"]: node.get("Resources", {}).get("object_store_memory", 0.0)
-            for node in ray.nodes() if node.get("Alive")}
+            for node in (ray.nodes() if nodes is None else nodes) if node.get("Alive")}
 
 
 def spilled_bytes() -> int | None:
