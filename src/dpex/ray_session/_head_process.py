@@ -39,9 +39,10 @@ def main() -> None:
         for line in sys.stdin.buffer:
             group.hear(line.decode(errors="replace").strip())
         closed.set()
+        group.wake.set()
 
     threading.Thread(target=hear_the_trainer, daemon=True, name="dpex-trainer-words").start()
-    process_ends, compat = _load("process_ends"), _load("compat")
+    process_ends = _load("process_ends")
     stopping = threading.Lock()
     session: list[str] = []  # the node's session directory, once it has one
 
@@ -60,6 +61,11 @@ def main() -> None:
     # Ctrl-C is the trainer's to act on; the trainer's death ends this process, with Ray.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     process_ends.watch_parent(trainer_pid, on_orphaned=trainer_gone)
+    # A loop that ends within START_AFTER_S never pays Ray's start, nor its import.
+    group.wait_to_start()
+    if closed.is_set():  # the trainer is done before it needed Ray: start none of it
+        return
+    compat = _load("compat")
     try:
         context = compat.start_embedded_ray(int(sys.argv[1]), priority.WORKER_REGISTER_S)
     except BaseException:  # e.g. the raylet did not register in time: leave none of it

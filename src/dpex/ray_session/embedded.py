@@ -83,7 +83,10 @@ class EmbeddedHead:
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
         self._line: str | None = None
+        said = getattr(self, "_said_full_priority", False)  # a retry: tell the new helper too
         self._said_full_priority = False
+        if said:
+            self.say(FULL_PRIORITY)
         self._answered = threading.Event()
         # A plain thread reading one line (no Ray in it): select() fails on descriptors
         # past 1024, which a trainer holding torch's shared-memory descriptors can reach.

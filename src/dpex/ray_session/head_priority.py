@@ -53,6 +53,7 @@ import time
 LOW = 19  # the lowest priority
 NORMAL = 0
 LOW_S = 120.0  # the longest the head stays low
+START_AFTER_S = 5.0  # the helper starts Ray this long after it began, unless needed at once
 WORKER_REGISTER_S = int(LOW_S) + 60  # Ray's limit for a starting worker (its default: 60)
 # The trainer's word on the helper's stdin: it needs Ray at full speed now (nothing of it
 # runs locally any more, or a loader's shared stream needs Ray's object store).
@@ -104,10 +105,18 @@ class SessionPriority:
     def __init__(self) -> None:
         self.lowered = lower_own_session()
         self.final = not self.lowered  # nothing to change, ever
+        self.wake = threading.Event()  # the trainer said FULL_PRIORITY, or closed its end
         self._lock = threading.Lock()
 
     def hear(self, word: str) -> None:
         """A word of the trainer's (``FULL_PRIORITY`` also when ``LOW_S`` has passed)."""
         with self._lock:
+            if word == FULL_PRIORITY:
+                self.wake.set()
             if not self.final and word == FULL_PRIORITY:
                 self.final = set_niceness(NORMAL)
+
+    def wait_to_start(self, after_s: float = START_AFTER_S) -> None:
+        """Before Ray's start: ``after_s``, or until the trainer needs the head now (or
+        is done with it)."""
+        self.wake.wait(after_s)
