@@ -5,7 +5,8 @@ happens; ``kill``: a local process is SIGKILLed while its workers are being hand
 non-persistent workers, until every worker is on Ray; ``stalled-raylet``: the same, while
 the embedded head's first raylet is stopped (SIGSTOP) as soon as it exists, as a machine
 too busy to let it register would; ``stalled-store``: the same, with the raylet stopped
-for 5 s from the moment the trainer joined. Prints one JSON line: whether the batches are torch's,
+for 5 s from the moment the trainer joined; ``short``: short epochs for 3.5 s, a run that ends
+before the helper would start Ray. Prints one JSON line: whether the batches are torch's,
 and what the loader did."""
 
 import json
@@ -197,8 +198,39 @@ def outside_session(helper_pid: int) -> list[str]:
             and os.getsid(pid) != helper_pid]
 
 
+def main_short():
+    """torch's loader, then dpex's for 3.5 s, within the helper's wait before Ray's start
+    (``head_priority.START_AFTER_S``), then the exit: every process below the trainer,
+    watched to the end, and the epochs both ran, compared."""
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for pid, _ in descendants([os.getpid()]):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        seen.add(os.path.basename(f.read().split(b"\0")[0]).decode())
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    expected, _, _ = short_epochs(False, limit_s=3.5)
+    threading.Thread(target=watch, daemon=True).start()
+    got, _, _ = short_epochs(True, limit_s=3.5)
+    done.set()
+    print(json.dumps({
+        "epochs": len(got), "equal": all(torch.equal(a, b) for epoch, theirs in zip(
+            got, expected) for a, b in zip(epoch, theirs)),
+        "seen": sorted(seen), "helper_pid": embedded._head._proc.pid,
+        "ray_initialized": __import__("ray").is_initialized(),
+    }), flush=True)
+
+
 def main():
     mode = sys.argv[1]
+    if mode == "short":
+        return main_short()
     if mode in ("epochs", "stalled-raylet", "stalled-store"):
         return main_epochs(stall={"stalled-raylet": "raylet", "stalled-store": "store"}.get(mode))
     expected, _, _ = batches(False)

@@ -92,6 +92,18 @@ def test_a_head_slow_to_answer_after_the_join_never_holds_up_an_epoch():
     assert len(during) >= 3 and max(during) < 2.5, (during, out)
 
 
+def test_a_run_shorter_than_the_helpers_wait_never_starts_ray():
+    """Ray's start (about 5 CPU-s) would only slow a run that ends within seconds: the
+    helper waits ``START_AFTER_S`` first. A run of 3.5 s on local processes has torch's
+    batches, no process of Ray's ever runs, and the helper ends with the trainer."""
+    out = run_script("short")
+    assert out["equal"] and out["epochs"] >= 2 and not out["ray_initialized"], out
+    ray_processes = [name for name in out["seen"]
+                     if name in ("gcs_server", "raylet") or name.startswith("ray::")]
+    assert ray_processes == [], out
+    assert wait_gone([out["helper_pid"]]) == []
+
+
 @pytest.mark.parametrize("mode", ["handover", "kill"])
 def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     out = run_script(mode)

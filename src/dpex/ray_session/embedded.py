@@ -14,10 +14,11 @@ Why
 
 The helper
   ``python _head_process.py NICENESS``: a plain Python process (Ray, no torch), leading a
-  session of its own at the lowest priority (NOTE [ dpex Embedded Head Priority ]), that runs
-  ``ray.init(address="local")`` bound to loopback, with the trainer's worker niceness, prints
-  one line, ``127.0.0.1:<GCS port>``, then reads its stdin (the trainer's word that puts
-  it back at full priority) until it closes. Then it shuts
+  session of its own at the lowest priority (NOTE [ dpex Embedded Head Priority ]). 5 s
+  after it began, or at once on the trainer's word (or never, if the trainer is done
+  first), it runs ``ray.init(address="local")`` bound to loopback, with the trainer's
+  worker niceness, prints one line, ``127.0.0.1:<GCS port>``, then reads its stdin (the
+  trainer's word that puts it back at full priority) until it closes. Then it shuts
   Ray down (the head's daemons are its children) and SIGKILLs what is left of the node's
   processes (Ray's agents, still starting, outlived their raylet), and exits. A helper
   whose ``ray.init`` fails kills what it started and exits with Ray's error; when that

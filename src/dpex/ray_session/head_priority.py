@@ -8,6 +8,14 @@ Why
   the dataset again. On a 2-core machine the loop and its local processes already use both
   cores: at the trainer's priority, Ray's start took the loop's CPU for its first 5-10 s.
 
+When
+  The helper starts Ray ``START_AFTER_S`` (5 s) after it began, or at once on the
+  trainer's ``FULL_PRIORITY`` (below), and not at all if the trainer closes its end first.
+  A run that ends sooner (a demo, a quick check, a notebook cell) gains nothing from Ray
+  and never pays its start, nor its import. Even at the lowest priority the start cost
+  such a run 5-10% on 2 cores (make demo: a 3.3 s loop), through the caches, memory and
+  wake-ups that niceness does not share out.
+
 How
   The helper process runs in a session of its own (``start_new_session``), so that Linux
   puts it and everything it starts (Ray's daemons, and the Ray processes its raylet forks)

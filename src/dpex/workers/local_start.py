@@ -16,7 +16,8 @@ What happens
   1. The iterator forks its processes from the trainer (``LocalActor``: torch's own
      mechanism, milliseconds, the dataset inherited) and each hosts its logical workers
      exactly as a Ray process would: same seeds, same tasks, RNG state with every result.
-  2. Then the embedded head starts in a helper process (ray_session/embedded.py, its NOTE): the
+  2. Then the embedded head starts in a helper process (ray_session/embedded.py, its NOTE),
+     which begins Ray's start 5 s later: a run that ends first never starts Ray. The
      trainer itself holds no Ray state yet, so later iterators of the same process can fork
      local processes too.
   3. Between batches, and while the loop waits, ``_local_step`` checks the head. Once it is
