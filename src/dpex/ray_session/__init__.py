@@ -41,8 +41,8 @@ from dpex.ray_session.rank_store import connect
 from dpex.ray_session.rules import would_start_embedded
 
 __all__ = ["connect", "would_start_embedded", "start_embedded", "joined_if_up",
-           "full_priority", "owns_ray_session", "seconds_since_join", "joining", "session_handles",
-           "object_store_capacities", "spilled_bytes"]
+           "full_priority", "owns_ray_session", "seconds_since_join", "joining",
+           "session_handles", "object_store_capacities", "spilled_bytes"]
 
 
 def start_embedded() -> None:

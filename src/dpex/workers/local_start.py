@@ -22,8 +22,9 @@ What happens
      local processes too.
   3. Between batches, and while the loop waits, ``_local_step`` checks the head. Once it is
      up the trainer joins it (about 0.1 s). A thread of the trainer puts the dataset in the
-     object store and reads the nodes' stores: those calls wait on the head's daemons,
-     still at the lowest priority, and the loop goes on meanwhile. Then the iterator starts
+     object store and reads the nodes: those calls wait on the head's daemons, still at
+     the lowest priority, and the loop goes on meanwhile (the process's first such setup
+     starts a second after the join, ``SETUP_AFTER_JOIN_S``). Then the iterator starts
      one Ray process per local one, watched: none takes a worker before it answers.
   4. As each answers, the logical workers of its local twin move to it with the move
      protocol (elastic.py's NOTE: drain, then continue from the RNG state of the last
