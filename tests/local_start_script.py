@@ -5,7 +5,7 @@ happens; ``kill``: a local process is SIGKILLed while its workers are being hand
 non-persistent workers, until every worker is on Ray; ``stalled-raylet``: the same, while
 the embedded head's first raylet is stopped (SIGSTOP) as soon as it exists, as a machine
 too busy to let it register would; ``stalled-store``: the same, with the raylet stopped
-for 5 s from the moment the trainer joined; ``short``: short epochs for 3.5 s, a run that ends
+for 5 s from the moment the trainer joined; ``short``: short epochs for 2.5 s, a run that ends
 before the helper would start Ray. Prints one JSON line: whether the batches are torch's,
 and what the loader did."""
 
@@ -199,7 +199,7 @@ def outside_session(helper_pid: int) -> list[str]:
 
 
 def main_short():
-    """torch's loader, then dpex's for 3.5 s, within the helper's wait before Ray's start
+    """torch's loader, then dpex's for 2.5 s, well within the helper's wait before Ray's start
     (``head_priority.START_AFTER_S``), then the exit: every process below the trainer,
     watched to the end, and the epochs both ran, compared."""
     seen: set[str] = set()
@@ -215,9 +215,9 @@ def main_short():
                     pass
             time.sleep(0.05)
 
-    expected, _, _ = short_epochs(False, limit_s=3.5)
+    expected, _, _ = short_epochs(False, limit_s=2.5)
     threading.Thread(target=watch, daemon=True).start()
-    got, _, _ = short_epochs(True, limit_s=3.5)
+    got, _, _ = short_epochs(True, limit_s=2.5)
     done.set()
     print(json.dumps({
         "epochs": len(got), "equal": all(torch.equal(a, b) for epoch, theirs in zip(

@@ -94,7 +94,7 @@ def test_a_head_slow_to_answer_after_the_join_never_holds_up_an_epoch():
 
 def test_a_run_shorter_than_the_helpers_wait_never_starts_ray():
     """Ray's start (about 5 CPU-s) would only slow a run that ends within seconds: the
-    helper waits ``START_AFTER_S`` first. A run of 3.5 s on local processes has torch's
+    helper waits ``START_AFTER_S`` first. A run of 2.5 s on local processes has torch's
     batches, no process of Ray's ever runs, and the helper ends with the trainer."""
     out = run_script("short")
     assert out["equal"] and out["epochs"] >= 2 and not out["ray_initialized"], out
