@@ -71,6 +71,7 @@ class EmbeddedHead:
         self.pythonpath = driver_pythonpath()
         self.address: str | None = None
         self.retries_left = 1
+        self._said_full_priority = False
         self._start()
 
     def _start(self) -> None:
@@ -84,9 +85,8 @@ class EmbeddedHead:
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
         self._line: str | None = None
-        said = getattr(self, "_said_full_priority", False)  # a retry: tell the new helper too
-        self._said_full_priority = False
-        if said:
+        if self._said_full_priority:  # a retry: the new helper hears it too
+            self._said_full_priority = False
             self.say(FULL_PRIORITY)
         self._answered = threading.Event()
         # A plain thread reading one line (no Ray in it): select() fails on descriptors
@@ -154,7 +154,6 @@ class EmbeddedHead:
 # needs it, joined once, stopped at exit.
 lock = threading.Lock()  # held by whoever starts or joins the embedded Ray
 _head: EmbeddedHead | None = None
-_joined = False
 _joined_at: float | None = None  # time.monotonic() when this process joined the head
 
 
@@ -201,7 +200,7 @@ def join_if_up() -> bool:
 
 
 def join_head(address: str) -> None:
-    global _joined, _joined_at
+    global _joined_at
     # Workers import what the driver imports: they inherit the driver's path from the
     # helper, or, where the driver's changed since, from the job's environment. (They start
     # at the trainer's niceness, as torch's forked workers do: the helper's setting.)
@@ -210,12 +209,12 @@ def join_head(address: str) -> None:
         "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
     with compat.loopback_only(), compat.quiet_token_auth_banner():
         join(address, **own_path)
-    _joined, _joined_at = True, time.monotonic()
+    _joined_at = time.monotonic()
 
 
 def seconds_since_join() -> float | None:
     """Seconds since this process joined the embedded head; None while it has not."""
-    return time.monotonic() - _joined_at if owns_ray_session() and _joined_at else None
+    return time.monotonic() - _joined_at if owns_ray_session() else None
 
 
 def head_session() -> int | None:
@@ -226,14 +225,14 @@ def head_session() -> int | None:
 
 def owns_ray_session() -> bool:
     """True when dpex started the Ray session of this process (and will stop it at exit)."""
-    return _joined and ray.is_initialized()
+    return _joined_at is not None and ray.is_initialized()
 
 
 def _stop() -> None:
-    global _joined, _head
-    if _joined and ray.is_initialized():
+    global _joined_at, _head
+    if owns_ray_session():
         ray.shutdown()
-    _joined = False
+    _joined_at = None
     if _head is not None:  # the helper stops Ray's daemons; the trainer does not wait
         _head.stop()
         _head = None

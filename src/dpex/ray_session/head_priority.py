@@ -118,10 +118,11 @@ class SessionPriority:
 
     def hear(self, word: str) -> None:
         """A word of the trainer's (``FULL_PRIORITY`` also when ``LOW_S`` has passed)."""
+        if word != FULL_PRIORITY:
+            return
         with self._lock:
-            if word == FULL_PRIORITY:
-                self.wake.set()
-            if not self.final and word == FULL_PRIORITY:
+            self.wake.set()
+            if not self.final:
                 self.final = set_niceness(NORMAL)
 
     def wait_to_start(self, after_s: float = START_AFTER_S) -> None:

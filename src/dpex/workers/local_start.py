@@ -185,16 +185,19 @@ class LocalStart:
             return False
         if not self._pending_setup.done():
             return False
+        self._adopt_pending_setup()
+        return True
+
+    def _adopt_pending_setup(self) -> None:
+        """The thread's setup, once it is done (waiting for it if need be)."""
         self._adopt_ray_setup(self._pending_setup.result())
         self._pending_setup = None
-        return True
 
     def _ensure_ray(self) -> None:
         """Join the head now, waiting for it if need be (a recovery needs a Ray process)."""
         if self._dataset_ref is None:
             ray_session.connect(self._head_address)
             if self._pending_setup is not None:  # wait for the one running
-                self._adopt_ray_setup(self._pending_setup.result())
-                self._pending_setup = None
+                self._adopt_pending_setup()
             else:
                 self._setup_ray()
