@@ -194,7 +194,9 @@ PURE = sorted(m for m, p in MODULES.items() if _pure(p))
 def test_the_pure_modules_are_the_policies_and_the_epochs_state():
     assert {"dpex.elastic.scaling", "dpex.elastic.allocation", "dpex.elastic.move_policy",
             "dpex.elastic.growth_policy", "dpex.elastic.store_budget", "dpex.epoch.resume",
-            "dpex.epoch.seeding", "dpex.observe.delivery", "dpex.observe.stats",
+            "dpex.epoch.seeding", "dpex.epoch.record", "dpex.epoch.state_format",
+            "dpex.epoch.position", "dpex.epoch.sampler_cursor", "dpex.epoch.rescale",
+            "dpex.epoch.torch_hooks", "dpex.observe.delivery", "dpex.observe.stats",
             "dpex.workers.fetcher", "dpex.workers.errors", "dpex.nested",
             "dpex.cache.policy", "dpex.cache.reads", "dpex.cache.entries"} <= set(PURE)
 

@@ -14,7 +14,6 @@ import dpex
 from conftest import SRC_DIR, TESTS_DIR, user_env
 from helpers import (
     AugmentedDataset,
-    ShardedIterable,
     StatefulIterable,
     assert_batches_equal,
 )
@@ -118,25 +117,30 @@ def test_resume_with_distributed_sampler_and_set_epoch(mode):
 
 
 @pytest.mark.parametrize("mode, persistent", CASES)
-def test_a_state_saved_with_an_epochs_last_batch_starts_the_next_epoch(mode, persistent):
-    """A checkpoint per step: the last one of an epoch is saved with its last batch, before
-    the iterator has raised StopIteration. Loaded, it starts the next epoch (as torchdata's
-    StatefulDataLoader does); it once replayed the same epoch, which had no batches left.
-    Saved after StopIteration, the same."""
+def test_an_epochs_end_resumes_as_torchdatas_does(mode, persistent):
+    """torchdata's StatefulDataLoader: a state saved with an epoch's last batch (a
+    checkpoint per step, before the iterator raised StopIteration) resumes into the rest of
+    that epoch, which is empty, then the next epoch; one saved after the loop ended starts
+    the next epoch. So a loop that saves its epoch number with the state resumes right."""
     def make():
         return dpex.DataLoader(AugmentedDataset(20), batch_size=3, shuffle=True, num_workers=2,
                                persistent_workers=persistent, **mode_args(mode),
                                generator=torch.Generator().manual_seed(5))
 
     loader = make()
-    expected = [list(loader) for _ in range(2)]
+    expected = [list(loader) for _ in range(3)]
     loader = make()
     for batch in loader:
         with_last_batch = loader.state_dict()
-    for state in (with_last_batch, loader.state_dict()):
-        resumed = make()
-        resumed.load_state_dict(state)
-        assert_batches_equal(expected[1], list(resumed), "the next epoch")
+    after_the_loop = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(with_last_batch)
+    assert list(resumed) == [], "the rest of the saved epoch"
+    assert_batches_equal(expected[1], list(resumed), "the next epoch")
+    resumed = make()
+    resumed.load_state_dict(after_the_loop)
+    assert_batches_equal(expected[1], list(resumed), "the next epoch")
+    assert_batches_equal(expected[2], list(resumed), "the one after")
 
 
 @pytest.mark.parametrize("mode", [False, True])
@@ -154,15 +158,6 @@ def test_iterable_dataset_resumes_through_its_own_state(mode):
     resumed = make()
     resumed.load_state_dict(state)
     assert_batches_equal(expected, head + list(resumed))
-
-
-def test_iterable_dataset_without_state_says_it_cannot_resume_mid_epoch():
-    loader = dpex.DataLoader(ShardedIterable(20), batch_size=2, num_workers=2)
-    it = iter(loader)
-    next(it)
-    state = loader.state_dict()
-    with pytest.raises(ValueError, match="no state_dict"):
-        dpex.DataLoader(ShardedIterable(20), batch_size=2, num_workers=2).load_state_dict(state)
 
 
 def test_a_state_saved_by_the_flat_layout_still_loads_and_resumes(tmp_path):

@@ -7,6 +7,7 @@ With ``distribute_mode=False`` (the default) every iteration is torch's own code
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -23,15 +24,11 @@ from dpex import compat
 from dpex.cache import Cache
 from dpex.cache.private_folder import checked_folder
 from dpex.elastic.move_policy import MovePolicy
-from dpex.epoch.resume import (
-    EpochRecord,
-    PendingResume,
-    RecordingCollate,
-    ResumingWorkerInit,
-    epoch_length,
-)
-from dpex.loader import rebuilt
-from dpex.loader.torch_mode import ResumingIndexSampler, TimedIterator, swapped
+from dpex.epoch.record import EpochRecord
+from dpex.epoch.resume import PendingResume, epoch_length, start_epoch
+from dpex.epoch.torch_hooks import RecordingCollate, ResumingWorkerInit
+from dpex.loader import rebuilt, resuming
+from dpex.loader.torch_mode import EpochSampler, TimedIterator, swapped
 from dpex.observe.ray_metrics import LoaderMetrics, default_name
 from dpex.observe.stats import LoaderStats, StatsSnapshot
 from dpex.observe.timeline import Timeline
@@ -67,6 +64,9 @@ class DataLoader(TorchDataLoader):
             otherwise. A loader that differs is warned and runs alone. Distributed mode,
             map-style datasets and ``in_order=True`` only; the batches are the same either
             way.
+        snapshot_every_n_steps: accepted for torchdata's ``StatefulDataLoader`` scripts,
+            and changes nothing: dpex keeps its position after every batch (it is a few
+            numbers), so ``state_dict()`` is exact at any step.
 
     Example:
         >>> import torch, dpex
@@ -101,6 +101,7 @@ class DataLoader(TorchDataLoader):
         worker_options: WorkerOptions | None = None,
         cache: Cache | bool | None = None,
         share: str | None = None,
+        snapshot_every_n_steps: int | None = 1,
     ) -> None:
         if not isinstance(distribute_mode, bool):
             raise TypeError(f"distribute_mode should be a bool, but got {distribute_mode!r}")
@@ -125,6 +126,11 @@ class DataLoader(TorchDataLoader):
         if share is not None and not (isinstance(share, str) and share):
             raise TypeError(f"share should be a non-empty str naming a stream, or None, "
                             f"but got {share!r}")
+        if snapshot_every_n_steps is not None and (
+                not isinstance(snapshot_every_n_steps, int) or snapshot_every_n_steps < 1):
+            raise ValueError(f"snapshot_every_n_steps should be a positive int or None, "
+                             f"but got {snapshot_every_n_steps!r}")
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         self.share = share
         self._shared = None  # its SharedStream (dpex.share), made with its first Ray epoch
         # Set before torch's __init__, which calls check_worker_number_rationality().
@@ -139,7 +145,8 @@ class DataLoader(TorchDataLoader):
         # Worker id -> its recent results' bytes, kept over epochs (dpex.elastic.store_budget).
         self._result_sizes: dict = {}
         self._pending_resume: PendingResume | None = None
-        self._resume_sampler: ResumingIndexSampler | None = None
+        self._epoch_sampler: EpochSampler | None = None  # what torch's iterator reads
+        self._distributed: resuming.DistributedEpoch | None = None
         self._ray_iterator = None
         self._growth = None  # this loader's ask to the cluster's autoscaler (cluster_growth)
         self._move_policy = MovePolicy()  # the rebalancer's evidence and rests, across epochs
@@ -209,46 +216,66 @@ class DataLoader(TorchDataLoader):
         """torch's own iterator, with dpex's position record. See the module doc of resume."""
         resume = self._take_pending_resume()
         workers = self.num_workers
-        new_workers = workers > 0 and not (self.persistent_workers and self._torch_persistent_started)
-        drawn = new_workers and (resume is None or resume.base_seed_drawn)
+        iterable = isinstance(self.dataset, IterableDataset)
+        persistent_going_on = self.persistent_workers and self._torch_persistent_started
+        new_workers = workers > 0 and not persistent_going_on
+        if (resume is not None and iterable and workers and resume.skip
+                and resume.next_worker not in (None, 0)):
+            # torch's iterator starts at worker 0: the epoch starts again and the loop's
+            # batches are made again and dropped.
+            resume = resume.fast_forwarded()
+        self._distributed, rest, resume = resuming.begin_distributed(self, resume)
+        drawn = not persistent_going_on and (resume is None or resume.base_seed_drawn)
         self._record.start_epoch(self.generator, workers, base_seed_drawn=drawn,
                                  carry_workers=resume is not None or not new_workers,
-                                 length=epoch_length(self._base_index_sampler,
-                                                     isinstance(self.dataset, IterableDataset)))
+                                 length=epoch_length(self._base_index_sampler, iterable),
+                                 iterable=iterable)
         swaps: dict[str, Any] = {}
-        pad = 0
         if new_workers:
             # torch's workers report their position through the collate_fn they run.
             swaps["collate_fn"] = RecordingCollate(self.collate_fn)
+        sampler = self._torch_epoch_sampler()
+        drop = 0
         if resume is not None:
-            self._record.workers = list(resume.workers) or self._record.workers
-            self._record.delivered = resume.skip
+            self._record.resume_at(resume.skip, resume.workers, resume.epoch_start,
+                                   resume.handed_out, None, resume.sampler_state, [])
+            if resume.main and resume.main.get("dataset_state") is not None:
+                self.dataset.load_state_dict(resume.main["dataset_state"])
             if new_workers and (resume.worker_positions_needed() or not resume.base_seed_drawn):
                 swaps["worker_init_fn"] = ResumingWorkerInit(
-                    self.worker_init_fn, resume.workers, resume.base_seed)
-            if new_workers and not resume.base_seed_drawn:
-                # The original epoch drew no base seed here; its seeds come from the state.
-                swaps["generator"] = torch.Generator()
-            if workers and self._auto_collation and not isinstance(self.dataset, IterableDataset):
+                    self.worker_init_fn, resume.workers,
+                    None if resume.base_seed_drawn else resume.base_seed)
+            pad = 0
+            if workers and self._auto_collation and not iterable:
                 pad = resume.skip % workers
-            self._resume_sampler = ResumingIndexSampler(self._base_index_sampler, resume.skip, pad)
+            start = start_epoch(self._base_index_sampler, self.generator, resume, pad=pad,
+                                pad_item=[], rest=rest, batch_size=self.batch_size,
+                                drop_last=self.drop_last)
+            if start.torch_generator is not None:
+                swaps["generator"] = start.torch_generator
+            sampler.arm(start)
+            drop = resume.fast_forward
         try:
             with swapped(self, swaps):
                 inner = super().__iter__()
         finally:
-            if self._resume_sampler is not None:
-                self._resume_sampler.disarm()
-            self._resume_sampler = None
+            sampler.disarm()
         if self.persistent_workers and workers:
             self._torch_persistent_started = True
-        return TimedIterator(inner, self._stats, self._record)
+        return TimedIterator(inner, self._stats, self._record, sampler, drop=drop)
+
+    def _torch_epoch_sampler(self) -> EpochSampler:
+        if self._epoch_sampler is None or self._epoch_sampler.base is not self._base_index_sampler:
+            self._epoch_sampler = EpochSampler(self._base_index_sampler)
+        return self._epoch_sampler
 
     @property
     def _index_sampler(self):
         # torch's iterator reads its sampler from this (private) property of its DataLoader;
-        # overriding it is how a resumed epoch in torch's own iterator skips batches.
-        if self._resume_sampler is not None:
-            return self._resume_sampler
+        # it is how dpex gives torch's iterator a resumed epoch's batches and keeps the
+        # sampler's position after each (torch_mode.EpochSampler).
+        if self.__dict__.get("_epoch_sampler") is not None and not self._uses_ray:
+            return self._epoch_sampler
         return self._base_index_sampler
 
     @property
@@ -277,30 +304,39 @@ class DataLoader(TorchDataLoader):
         return self._timeline
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader's position, to resume mid-epoch in another process.
+        """The loader's position, to resume in another process: torchdata's
+        ``StatefulDataLoader`` contract (docs/failures.md).
 
-        Holds the generator state at the epoch's start, the number of batches handed out,
-        and each worker's RNG state (and IterableDataset ``state_dict()``, if it has one)
-        after its last handed-out batch; no sample data. ``torch.save`` can store it.
-        The names are those of torchdata's ``StatefulDataLoader``.
+        Plain JSON types (``json.dumps`` takes it; so does ``torch.save``, and
+        ``torch.load(weights_only=True)`` reads it back): where the epoch stands (not
+        begun, under way after ``batches_delivered`` batches, or ended), the generator
+        state its draws start from (the loader's ``generator``, or torch's global RNG), each
+        worker's RNG states and ``Stateful`` dataset and iterator states after its last
+        handed-out batch, a ``Stateful`` sampler's state, a ``DistributedSampler``'s global
+        position, and what the state is valid for (dataset length, batch size, sampler
+        kind). No sample data.
         """
-        return self._record.to_state_dict(self.generator)
+        if self._pending_resume is not None:  # loaded, no epoch since: that position
+            return copy.deepcopy(self._pending_resume.plain)
+        return resuming.save(self, self._record, self._distributed)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from ``state_dict`` at the next ``iter(loader)``.
 
-        The next epoch yields the batches after the saved ones, bitwise as the uninterrupted
-        run would (for randomness drawn from the loader's ``generator``), then epochs go on
-        as they would have. Sets the loader's generator state; restarts persistent workers.
+        An epoch saved under way yields its batches after the saved ones (none, for a
+        state saved with its last batch), bitwise as the uninterrupted run would; a state
+        saved before an epoch, or after its end, starts the next one. Epochs then go on as
+        they would have. Any ``num_workers`` for a map-style dataset, and any world size
+        for torch's ``DistributedSampler``. Sets the loader's generator state; restarts
+        persistent workers.
 
         Raises:
-            ValueError: the state is not a dpex state, was saved with another num_workers,
-                or is mid-epoch for an IterableDataset without ``state_dict``.
+            ValueError: the state is not a dpex state, or was saved by a loader whose
+                samples differ (another dataset length, batch size, sampler kind or seed;
+                the message names each), or mid-epoch over an IterableDataset with
+                another num_workers.
         """
-        self._pending_resume = PendingResume.from_state_dict(
-            state_dict, self.generator, self.num_workers, self.persistent_workers,
-            isinstance(self.dataset, IterableDataset),
-        )
+        self._pending_resume = resuming.load(self, state_dict)
         # Workers of a persistent iterator hold positions the state replaces: start anew.
         self._ray_iterator = None
         self._iterator = None  # torch's persistent iterator (its own attribute)

@@ -1,92 +1,271 @@
-"""Where an epoch stands, and how to continue it in a new process. Pure: no Ray.
+"""A loaded state, waiting for the next ``iter(loader)``, and how that epoch finds its
+place. Pure: no Ray.
 
-What reproduces an epoch is small (DESIGN.md): the loader generator's state when the epoch
-began, the base seed, how many batches were handed out, and each worker's RNG state (plus
-its IterableDataset state, if the dataset has ``state_dict``) after its last handed-out
-batch. ``EpochRecord`` keeps that up to date; ``state_dict()`` is a plain dict of it.
+NOTE [ dpex Resume ]
 
-Resuming after k batches: restore the generator, let the sampler draw as it did, drop its
-first k index batches, and start each worker from its saved position. Task k must go to the
-worker that would have run it (k mod num_workers): the distributed iterator starts its
-round robin there; torch's own iterator always starts at worker 0, so in that mode dpex
-sends ``k mod num_workers`` empty padding batches first (map-style datasets with batching),
-which load nothing, draw no random numbers, and are dropped before the training loop.
+The state (``record.py`` writes it, ``state_format.py`` says its types) names where the
+loop stood: an epoch under way, with ``batches_delivered`` of it handed out, or the start of
+the next one. Resuming:
+
+* The epoch's draws are made again from the state's generator state: the loader's
+  ``generator`` is set to it; without one, torch's global RNG is set to it for the draws
+  of the epoch's start (the base seed, then the sampler's first index batch: a
+  ``RandomSampler`` draws its seed there) and put back afterwards, so the loop's own
+  random numbers go on as they were.
+* The sampler finds its place (``sampler_cursor.py``): a ``Stateful`` one from its saved
+  state; a ``DistributedSampler`` on another world size from the epoch's global position
+  (``rescale.py``); any other by drawing the handed-out batches again and dropping them.
+* Each worker starts from its saved position; task ``k`` goes to the worker that would
+  have run it (``k mod num_workers``). torch's own iterator always starts at worker 0, so
+  in that mode dpex sends ``k mod num_workers`` empty padding batches first (map-style
+  datasets with batching), which load nothing, draw no random numbers, and are dropped
+  before the training loop.
+* An IterableDataset's replica that keeps no state (no ``state_dict`` on the dataset or its
+  iterator) cannot seek: the epoch starts again from the workers' positions at its start,
+  and the batches the loop had are made again and dropped (torchdata's fast-forward).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from dpex.epoch.seeding import RngState, draw_base_seed, seed_worker
+from dpex.epoch import state_format as fmt
+from dpex.epoch.position import WorkerPosition
+from dpex.epoch.rescale import DistributedPosition
+from dpex.epoch.sampler_cursor import IndexCursor, batched
+from dpex.epoch.seeding import draw_base_seed
 
-STATE_VERSION = 1
 
+@dataclass(frozen=True)
+class PendingResume:
+    """A loaded state, waiting for the next ``iter(loader)``."""
+
+    status: str
+    generator_source: str | None  # "loader", "global", or None (a version-1 state)
+    generator_state: torch.Tensor | None
+    skip: int
+    base_seed: int | None
+    base_seed_drawn: bool
+    workers: list[WorkerPosition]
+    plain: dict  # the state as loaded: ``state_dict()`` before the next epoch returns it
+    epoch_start: list[WorkerPosition] = field(default_factory=list)
+    handed_out: list[int] = field(default_factory=list)
+    next_worker: int | None = None
+    already_handed: list[int] = field(default_factory=list)
+    sampler_state: Any = None
+    distributed: DistributedPosition | None = None
+    main: dict | None = None
+    fast_forward: int = 0  # batches to make again and drop (an iterable that cannot seek)
+
+    @classmethod
+    def from_state_dict(cls, state: Any, *, generator, num_workers: int,
+                        persistent_workers: bool, is_iterable: bool,
+                        facts: dict[str, Any]) -> PendingResume:
+        """Check ``state`` against the loader (``facts``: ``loader_facts``) and read it.
+
+        Raises:
+            ValueError: not a dpex state, or one of another loader (naming what differs).
+        """
+        state = fmt.upgrade(state)
+        check_facts(state.get("loader"), facts)
+        status = state["epoch"]
+        source = state["generator"]
+        generator_state = fmt.generator_state_from_plain(state["generator_state"])
+        if source == "loader":
+            if generator is None:
+                raise ValueError("the saved state has a generator state, but this loader has "
+                                 "no generator: pass generator=torch.Generator()")
+            generator.set_state(generator_state)
+        workers = [_position(w) for w in state["workers"]]
+        in_progress = status == fmt.IN_PROGRESS
+        skip = state["batches_delivered"] if in_progress else 0
+        same_workers = len(workers) == num_workers
+        if workers and not same_workers and is_iterable and in_progress:
+            raise ValueError(
+                f"the state was saved mid-epoch with num_workers={len(workers)} over an "
+                f"IterableDataset, whose replicas split the data by worker; this loader has "
+                f"num_workers={num_workers}. Resume it with num_workers={len(workers)}, or "
+                f"from a state saved at an epoch's end.")
+        if in_progress:
+            drawn = state["base_seed_drawn"]
+        else:
+            # The next epoch: fresh workers seeded from a new base seed, as torch's; with
+            # persistent workers, those of the saved run going on (no new base seed).
+            drawn = status == fmt.BEFORE or not persistent_workers or not workers
+            if drawn:
+                workers = []
+        if not same_workers:
+            workers = []  # another num_workers: seeded afresh, deterministic for the count
+        if source is None:  # version 1 without a generator: the saved base seed
+            drawn = False
+        sampler = state.get("sampler") or {}
+        distributed = sampler.get("distributed")
+        main = state.get("main")
+        resume = cls(
+            status=status, generator_source=source, generator_state=generator_state,
+            skip=skip, base_seed=state["base_seed"], base_seed_drawn=drawn, workers=workers,
+            plain=state,
+            epoch_start=[_position(w.get("epoch_start")) for w in state["workers"]]
+            if same_workers else [],
+            handed_out=[w.get("handed_out", 0) for w in state["workers"]] if same_workers else [],
+            next_worker=state.get("next_worker") if same_workers else None,
+            already_handed=list(state.get("delivered_after") or []),
+            sampler_state=sampler.get("state") if in_progress else None,
+            distributed=DistributedPosition.from_plain(distributed) if distributed else None,
+            main=main)
+        seekable = (all(w.seekable for w in workers) if num_workers
+                    else bool(main and main.get("dataset_state") is not None))
+        if is_iterable and skip and not seekable:
+            return resume.fast_forwarded()
+        return resume
+
+    def fast_forwarded(self) -> PendingResume:
+        """This resume for a replica that cannot seek (torchdata's fast-forward): the epoch
+        starts again from the workers' positions at its start, and the batches the loop
+        had are made again and dropped."""
+        return replace(self, fast_forward=self.skip, skip=0, workers=list(self.epoch_start),
+                       next_worker=None, handed_out=[])
+
+    def worker_positions_needed(self) -> bool:
+        return any(w.rng is not None or w.seekable for w in self.workers)
+
+
+def _position(plain: dict | None) -> WorkerPosition:
+    if plain is None:
+        return WorkerPosition()
+    return WorkerPosition(fmt.rng_from_plain(plain.get("rng")), plain.get("dataset_state"),
+                          plain.get("iterator_state"))
+
+
+# ----------------------------------------------------------------- what must match
+
+def loader_facts(dataset: Any, is_iterable: bool, batch_size: int | None, drop_last: bool,
+                 index_sampler: Any, generator) -> dict[str, Any]:
+    """What a state is only valid for: a resumed epoch on another dataset length, batch
+    size or sampler kind would silently be other samples."""
+    try:
+        length = None if is_iterable else len(dataset)
+    except TypeError:
+        length = None
+    return {"dataset_length": length, "batch_size": batch_size, "drop_last": drop_last,
+            "sampler": _kind(getattr(index_sampler, "sampler", index_sampler)),
+            "generator": "loader" if generator is not None else "global"}
+
+
+def _kind(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def check_facts(saved: dict | None, now: dict[str, Any]) -> None:
+    if not saved:
+        return  # a version-1 state: nothing recorded to check
+    differs = [f"{name}: saved {saved[name]!r}, this loader {now[name]!r}"
+               for name in now if name in saved and saved[name] != now[name]]
+    if differs:
+        raise ValueError("the state was saved by a loader that differs from this one, so its "
+                         "position names other samples here: " + "; ".join(differs))
+
+
+# ----------------------------------------------------------------- the epoch's draws
 
 @dataclass
-class WorkerPosition:
-    """A worker's state after its last handed-out batch; None fields mean 'as freshly seeded'."""
+class EpochStart:
+    """How an epoch's iterator begins.
 
-    rng: RngState | None = None
-    dataset_state: Any = None
+    ``base_seed``: the one its workers are seeded from, drawn here for a resumed epoch
+    (None: the iterator draws it from the loader's generator, as torch's does).
+    ``torch_generator``: where torch's own iterator (distribute_mode=False) draws its base
+    seed instead of the loader's generator, so that it draws the saved one (None: the
+    loader's). ``batches``: the index batches from the resumed position on, after the
+    padding. ``cursor``: the sampler's position after each (``IndexCursor.state``).
+    """
+
+    base_seed: int | None
+    batches: Iterator[Any]
+    cursor: IndexCursor | None
+    torch_generator: torch.Generator | None = None
 
 
-@dataclass
-class EpochRecord:
-    """The loader's position: updated as batches are handed out, in either mode."""
+def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
+                pad: int = 0, pad_item: Any = None, rest: list[int] | None = None,
+                batch_size: int | None = None, drop_last: bool = False) -> EpochStart:
+    """The epoch's base seed and index batches, the first ones drawn as the saved epoch
+    drew them (module doc). ``rest``: a rank's samples for the rest of a
+    ``DistributedSampler`` epoch resumed on another world size (rescale.py), batched here.
+    """
+    if resume is None:
+        cursor = IndexCursor(index_sampler)
+        return EpochStart(None, cursor, cursor)
+    start_state = resume.generator_state if resume.generator_source == "global" else None
+    torch_generator = None
+    if resume.base_seed_drawn and start_state is not None:
+        # The base seed comes first from the saved global state; the sampler after it.
+        probe = torch.Generator()
+        probe.set_state(start_state)
+        torch_generator = torch.Generator()
+        torch_generator.set_state(start_state)
+        base_seed = draw_base_seed(probe)
+        start_state = probe.get_state()
+    elif resume.base_seed_drawn:
+        base_seed = draw_base_seed(generator) if generator is not None else None
+        if generator is not None:  # torch's iterator draws the same from the state again
+            torch_generator = torch.Generator()
+            torch_generator.set_state(resume.generator_state)
+    else:
+        base_seed = resume.base_seed
+        torch_generator = torch.Generator()  # a draw that changes nothing: the state's seed
+    with global_rng_at(start_state):
+        if rest is not None:
+            cursor, skip = None, 0
+            batches: Iterator[Any] = (iter(rest) if batch_size is None
+                                      else batched(rest, batch_size, drop_last))
+        else:
+            cursor = IndexCursor(index_sampler, resume.sampler_state)
+            skip = 0 if resume.sampler_state is not None else resume.skip
+            batches = cursor
+        for _ in range(skip):
+            next(batches, None)
+        if start_state is not None:
+            batches = drawn_now(batches)
+    return EpochStart(base_seed, _padded(batches, pad, pad_item), cursor, torch_generator)
 
-    generator_state: torch.Tensor | None = None  # at the epoch's start
-    base_seed: int | None = None
-    base_seed_drawn: bool = True  # did this epoch's iterator draw the base seed?
-    delivered: int = 0
-    started: bool = False  # an epoch has begun (its generator may be None)
-    complete: bool = False
-    length: int | None = None  # the epoch's batches, where the sampler knows them
-    workers: list[WorkerPosition] = field(default_factory=list)
 
-    def start_epoch(self, generator, num_workers: int, base_seed_drawn: bool,
-                    carry_workers: bool, length: int | None = None) -> None:
-        """Record an epoch's start; call before its iterator consumes the generator.
-        ``length``: its batches (``epoch_length``)."""
-        self.generator_state = _generator_state(generator)
-        self.length = length
-        self.base_seed_drawn = base_seed_drawn
-        if base_seed_drawn:
-            self.base_seed = peek_base_seed(generator)
-        self.delivered = 0
-        self.started = True
-        self.complete = False
-        if not carry_workers or len(self.workers) != num_workers:
-            self.workers = [WorkerPosition() for _ in range(num_workers)]
+def _padded(batches: Iterator[Any], pad: int, pad_item: Any) -> Iterator[Any]:
+    for _ in range(pad):
+        yield pad_item
+    yield from batches
 
-    def deliver(self, worker_id: int | None, rng: RngState | None, dataset_state: Any) -> None:
-        self.delivered += 1
-        if worker_id is not None and worker_id < len(self.workers):
-            self.workers[worker_id] = WorkerPosition(rng, dataset_state)
+@contextlib.contextmanager
+def global_rng_at(state: torch.Tensor | None):
+    """torch's global RNG at ``state`` inside, as it was outside (None: left alone)."""
+    if state is None:
+        yield
+        return
+    outside = torch.get_rng_state()
+    torch.set_rng_state(state)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(outside)
 
-    def to_state_dict(self, generator) -> dict[str, Any]:
-        # An epoch whose last batch the loop has is over, whether or not its iterator has
-        # raised StopIteration yet: a state saved with that batch (a checkpoint per step)
-        # starts the next epoch, as torchdata's StatefulDataLoader does. Replayed instead,
-        # it was an epoch of no batches, and the loop lost a whole epoch.
-        over = self.complete or (self.length is not None and self.delivered >= self.length)
-        in_progress = self.started and not over
-        return {
-            "version": STATE_VERSION,
-            # Mid-epoch: replay this epoch from its start. Otherwise: the next epoch starts
-            # from the generator as it is now.
-            "generator_state": self.generator_state if in_progress else _generator_state(generator),
-            "batches_delivered": self.delivered if in_progress else 0,
-            "base_seed": self.base_seed,
-            "base_seed_drawn": self.base_seed_drawn if in_progress else False,
-            "workers": [
-                {"rng": _rng_to_plain(w.rng), "dataset_state": w.dataset_state}
-                for w in self.workers
-            ],
-        }
+
+def drawn_now(iterator: Iterator[Any]) -> Iterator[Any]:
+    """``iterator`` with its first item drawn now (a sampler draws its seed there)."""
+    try:
+        first = next(iterator)
+    except StopIteration:
+        return iter(())
+    return _chain_first(first, iterator)
+
+
+def _chain_first(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
 
 
 def epoch_length(index_sampler: Any, is_iterable: bool) -> int | None:
@@ -98,173 +277,3 @@ def epoch_length(index_sampler: Any, is_iterable: bool) -> int | None:
         return len(index_sampler)
     except TypeError:
         return None
-
-
-@dataclass(frozen=True)
-class PendingResume:
-    """A loaded state, waiting for the next ``iter(loader)``."""
-
-    skip: int
-    base_seed: int | None
-    base_seed_drawn: bool
-    workers: list[WorkerPosition]
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any], generator, num_workers: int,
-                        persistent_workers: bool, is_iterable: bool) -> PendingResume:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a dpex DataLoader state (version {STATE_VERSION}): {state!r:.200}")
-        if state["generator_state"] is not None:
-            if generator is None:
-                raise ValueError("the saved state has a generator state, but this loader has "
-                                 "no generator: pass generator=torch.Generator()")
-            generator.set_state(state["generator_state"])
-        workers = [WorkerPosition(_rng_from_plain(w["rng"]), w["dataset_state"])
-                   for w in state["workers"]]
-        if workers and len(workers) != num_workers:
-            raise ValueError(f"the state was saved with num_workers={len(workers)}, this loader "
-                             f"has num_workers={num_workers}; resume needs the same number")
-        skip = state["batches_delivered"]
-        if is_iterable and skip and not any(w.dataset_state is not None for w in workers):
-            raise ValueError(
-                "cannot resume an IterableDataset mid-epoch: it has no state_dict() / "
-                "load_state_dict(), so dpex cannot tell its workers where to continue. "
-                "Save at an epoch boundary, or give the dataset those two methods."
-            )
-        # Without a generator the seeds came from torch's global RNG, which the training loop
-        # has moved on since: use the saved base seed instead of drawing one.
-        drawn = state["generator_state"] is not None and (
-            state["base_seed_drawn"] or not persistent_workers)
-        if skip == 0 and not persistent_workers:
-            # An epoch from its start, on new worker processes: seeded afresh from the base
-            # seed it draws, as torch's are, not from where the saved epoch's workers ended.
-            workers = []
-        return cls(skip, state["base_seed"], drawn, workers)
-
-    def worker_positions_needed(self) -> bool:
-        return any(w.rng is not None or w.dataset_state is not None for w in self.workers)
-
-
-def peek_base_seed(generator) -> int:
-    """The base seed the next iterator will draw, without consuming the generator."""
-    if generator is None:
-        state = torch.get_rng_state()
-        seed = draw_base_seed(None)
-        torch.set_rng_state(state)
-        return seed
-    probe = torch.Generator()
-    probe.set_state(generator.get_state())
-    return draw_base_seed(probe)
-
-
-def skipping(index_sampler, skip: int, pad: int, pad_item: Any) -> Iterator[Any]:
-    """The sampler's index batches without the first ``skip``, after ``pad`` padding items.
-
-    A generator: nothing is drawn from the sampler until the first ``next``, exactly when the
-    uninterrupted run drew it.
-    """
-    it = iter(index_sampler)
-    for _ in range(skip):
-        next(it)
-    for _ in range(pad):
-        yield pad_item
-    yield from it
-
-
-# ----------------------------------------------------------------- torch-mode hooks
-# In distribute_mode=False the workers are torch's processes; dpex reaches them only through
-# the public callables torch runs there: collate_fn (after each batch) and worker_init_fn.
-
-
-class Recorded:
-    """A batch with the worker position after it, as it leaves a torch worker."""
-
-    __slots__ = ("batch", "worker_id", "rng", "dataset_state")
-
-    def __init__(self, batch, worker_id, rng, dataset_state) -> None:
-        self.batch, self.worker_id, self.rng, self.dataset_state = batch, worker_id, rng, dataset_state
-
-    def pin_memory(self, device=None) -> Recorded:  # torch's pin-memory thread calls this
-        from dpex.nested import pin_memory
-
-        return Recorded(pin_memory(self.batch), self.worker_id, self.rng, self.dataset_state)
-
-
-PADDING = "dpex-resume-padding"
-
-
-class RecordingCollate:
-    """Wraps the user's collate_fn: records the worker's position after each batch."""
-
-    def __init__(self, collate_fn: Callable) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, data):
-        if isinstance(data, list) and not data:
-            return PADDING  # an alignment batch of a resumed epoch: nothing loaded or drawn
-        batch = self.collate_fn(data)
-        info = torch.utils.data.get_worker_info()
-        return Recorded(batch, info.id, RngState.capture(), dataset_state(info.dataset))
-
-
-class ResumingWorkerInit:
-    """Wraps the user's worker_init_fn: puts each torch worker at its saved position.
-
-    With ``base_seed`` (the resumed epoch drew none), first re-seeds the worker as the
-    original epoch's worker was seeded.
-    """
-
-    def __init__(self, worker_init_fn: Callable | None, workers: list[WorkerPosition],
-                 base_seed: int | None) -> None:
-        self.worker_init_fn = worker_init_fn
-        self.workers = workers
-        self.base_seed = base_seed
-
-    def __call__(self, worker_id: int) -> None:
-        if self.base_seed is not None:
-            seed_worker(self.base_seed, worker_id)
-        if self.worker_init_fn is not None:
-            self.worker_init_fn(worker_id)
-        if self.workers:
-            restore_position(torch.utils.data.get_worker_info().dataset, self.workers[worker_id])
-
-
-def restore_position(dataset, position: WorkerPosition | None) -> None:
-    if position is None:
-        return
-    if position.dataset_state is not None:
-        dataset.load_state_dict(position.dataset_state)
-    if position.rng is not None:
-        position.rng.restore()
-
-
-def dataset_state(dataset) -> Any:
-    state_dict = getattr(dataset, "state_dict", None)
-    return state_dict() if callable(state_dict) else None
-
-
-def _generator_state(generator) -> torch.Tensor | None:
-    return generator.get_state() if generator is not None else None
-
-
-def _rng_to_plain(rng: RngState | None):
-    """Tensors, ints and lists only, so ``torch.load(weights_only=True)`` accepts the state."""
-    if rng is None:
-        return None
-    version, words, gauss = rng.python
-    algorithm, keys, pos, has_gauss, cached = rng.numpy
-    return {
-        "python": [version, list(words), gauss],
-        "numpy": [algorithm, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss),
-                  float(cached)],
-        "torch": torch.frombuffer(bytearray(rng.torch), dtype=torch.uint8),
-    }
-
-
-def _rng_from_plain(plain) -> RngState | None:
-    if plain is None:
-        return None
-    version, words, gauss = plain["python"]
-    algorithm, keys, pos, has_gauss, cached = plain["numpy"]
-    numpy_state = (algorithm, keys.numpy().astype("uint32"), pos, has_gauss, cached)
-    return RngState((version, tuple(words), gauss), numpy_state, plain["torch"].numpy().tobytes())

@@ -53,7 +53,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from dpex.epoch.resume import WorkerPosition, epoch_length
+from dpex.epoch.position import WorkerPosition
+from dpex.epoch.resume import epoch_length
 from dpex.ray_session import object_store_capacities
 from dpex.workers.local_workers import LOCAL_NODE
 
@@ -135,6 +136,8 @@ class Dispatch:
             return False
         task_id = self._send_idx
         self._send_idx += 1
+        if self._cursor is not None and self._cursor.stateful:
+            self._task_sampler_state[task_id] = self._cursor.state()
         self._note_share_key(task_id, index)
         self._task_worker[task_id] = slot.worker_id
         slot.num_tasks += 1
@@ -233,7 +236,7 @@ class Dispatch:
             kept = [t for t in ran if t < budget]
             if kept:
                 result = self._results[max(kept)]
-                position = WorkerPosition(result.rng_state, result.dataset_state)
+                position = WorkerPosition.of(result)
             elif slot.handed_out:  # its last task within torch's count was handed out
                 position = self._record.workers[slot.worker_id]
             else:

@@ -16,7 +16,7 @@ from ray.exceptions import (
     RayActorError,
 )
 
-from dpex.epoch.resume import WorkerPosition
+from dpex.epoch.position import WorkerPosition
 from dpex.workers import transport
 from dpex.workers.local_workers import (
     LocalActor,
@@ -211,6 +211,7 @@ class Receive:
             if result.rng_state is not None:
                 result.rng_state = result.rng_state.owning_its_memory()
             result.dataset_state = transport.owning_its_memory(result.dataset_state)
+            result.iterator_state = transport.owning_its_memory(result.iterator_state)
             self._timeline.received(result.task_id, result.finished_at, result.busy_s, now)
             # The process that ran the call: a move drains a worker first, so the slot has
             # not left it yet (it may have by the time the batch is handed out).
@@ -218,7 +219,7 @@ class Receive:
             index = slot.in_flight.pop(result.task_id)
             self._task_ref.pop(result.task_id, None)
             self._tasks_outstanding -= 1
-            slot.position = WorkerPosition(result.rng_state, result.dataset_state)
+            slot.position = WorkerPosition.of(result)
             if result.kind == DATA:
                 self._store.received(result.task_id, result.nbytes)
                 if shared is not None:

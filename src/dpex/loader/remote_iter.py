@@ -75,8 +75,12 @@ from dpex import nested, process_ends, ray_session
 from dpex.elastic.control import ElasticControl
 from dpex.elastic.placement import NodePicker
 from dpex.elastic.store_budget import StoreBudget
-from dpex.epoch.resume import EpochRecord, PendingResume, epoch_length, skipping
+from dpex.epoch.position import WorkerPosition
+from dpex.epoch.record import EpochRecord
+from dpex.epoch.resume import EpochStart, PendingResume, epoch_length, start_epoch
+from dpex.epoch.sampler_cursor import IndexCursor
 from dpex.epoch.seeding import draw_base_seed
+from dpex.loader import resuming
 from dpex.loader.dispatch import Dispatch
 from dpex.loader.receive import Receive
 from dpex.ray_session import object_store_capacities, session_handles
@@ -90,6 +94,10 @@ from dpex.workers.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
 
 if TYPE_CHECKING:  # dpex's loader, a torch DataLoader, which imports this module
     from torch.utils.data import DataLoader
+
+# Taken at import: at interpreter shutdown the module's globals may already be None when an
+# iterator kept in a module-level name is collected (torch's iterators guard the same way).
+_getpid = os.getpid
 
 class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharing):
     """Iterates once over a ``dpex.DataLoader``, as specified by its sampler. See the NOTE."""
@@ -122,17 +130,20 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._generator = loader.generator
         self._record: EpochRecord = loader._record
         resume: PendingResume | None = loader._take_pending_resume()
+        loader._distributed, rest, resume = resuming.begin_distributed(loader, resume)
         self._record.start_epoch(
             self._generator, self._num_workers,
             base_seed_drawn=resume is None or resume.base_seed_drawn,
             carry_workers=resume is not None,
             length=epoch_length(self._index_sampler, self._is_iterable),
+            iterable=self._is_iterable,
         )
-        # Same order of generator draws as torch's iterator: base seed, then the sampler.
-        if resume is not None and not resume.base_seed_drawn:
-            self._base_seed = resume.base_seed
-        else:
-            self._base_seed = draw_base_seed(self._generator)
+        # Same order of draws as torch's iterator: the base seed, then the sampler.
+        start: EpochStart = start_epoch(self._index_sampler, self._generator, resume,
+                                        rest=rest, batch_size=loader.batch_size,
+                                        drop_last=loader.drop_last)
+        self._base_seed = (start.base_seed if resume is not None
+                           else draw_base_seed(self._generator))
         self._shutdown = False
         self.session_ended = False  # its Ray session ended under it (session_handles.py)
 
@@ -157,8 +168,11 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._id = uuid.uuid4().hex[:8]
         self._init_sharing(loader, resumed=resume is not None)
         self._slots = [WorkerSlot(i) for i in range(self._num_workers)]
-        if resume is not None and resume.workers:
-            self._record.workers = list(resume.workers)
+        if resume is not None:
+            self._record.resume_at(
+                resume.skip, resume.workers, resume.epoch_start, resume.handed_out,
+                None if resume.next_worker is None else resume.next_worker - 1,
+                resume.sampler_state, resume.already_handed)
             for slot, position in zip(self._slots, resume.workers):
                 slot.position = position
         self._procs: list[ProcessHandle] = []
@@ -181,7 +195,10 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
             slot.process = self._procs[slot.worker_id % len(self._procs)]
             self._begin_slot(slot)
         live_iterators.add(self)
-        self._reset(loader, first_iter=True, skip=resume.skip if resume is not None else 0)
+        self._drop = resume.fast_forward if resume is not None else 0
+        self._reset(loader, first_iter=True, start=start,
+                    skip=resume.skip if resume is not None else 0,
+                    first_worker=resume.next_worker if resume is not None else None)
 
     def _setup_ray(self) -> None:
         """What the Ray processes need: the dataset in the object store (once), the config,
@@ -211,18 +228,30 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
 
     # ----------------------------------------------------------------- epoch control
 
-    def _reset(self, loader: DataLoader, first_iter: bool = False, skip: int = 0) -> None:
+    def _reset(self, loader: DataLoader, first_iter: bool = False,
+               start: EpochStart | None = None, skip: int = 0,
+               first_worker: int | None = None) -> None:
         """Start an epoch; with persistent workers, called again for each later epoch.
 
-        ``skip``: a resumed epoch continues after ``skip`` handed-out batches.
+        ``start``: the first epoch's base seed and index batches (resume.py). ``skip``: a
+        resumed epoch continues after ``skip`` handed-out batches, the first of them made by
+        ``first_worker`` (an iterable's, whose exhausted replicas the round skips), or by
+        worker ``skip mod num_workers``.
         """
         if not first_iter:
             self._drain()
             self._share_next_epoch()
+            loader._distributed, _, _ = resuming.begin_distributed(loader, None)
             self._record.start_epoch(self._generator, self._num_workers,
                                      base_seed_drawn=False, carry_workers=True,
-                                     length=epoch_length(self._index_sampler, self._is_iterable))
-        self._sampler_iter = skipping(self._index_sampler, skip, 0, None)
+                                     length=epoch_length(self._index_sampler, self._is_iterable),
+                                     iterable=self._is_iterable)
+            self._drop = 0
+        if start is None:
+            cursor = IndexCursor(self._index_sampler)
+            start = EpochStart(None, cursor, cursor)
+        self._sampler_iter, self._cursor = start.batches, start.cursor
+        self._task_sampler_state: dict[int, Any] = {}  # a Stateful sampler's, after task t
         self._loader_name = loader.name  # its tag on Ray's metrics endpoint (ray_metrics)
         self._IterableDataset_len_called = getattr(loader, "_IterableDataset_len_called", None)
         self._num_yielded = 0
@@ -242,8 +271,9 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._task_ref: dict[int, Any] = {}
         self._tasks_outstanding = 0
         # Task t goes to worker t mod N, also when a resumed epoch starts at t = skip.
+        first = skip % self._num_workers if first_worker is None else first_worker
         self._worker_cycle = itertools.islice(
-            itertools.cycle(range(self._num_workers)), skip % self._num_workers, None)
+            itertools.cycle(range(self._num_workers)), first, None)
         self._record.delivered = skip
         self._stats.start_epoch()
         self._timeline.start_epoch()
@@ -293,24 +323,31 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
                 "processes with it; start a new epoch with iter(loader)")
         started = time.perf_counter()
         self._stalled = 0.0
-        try:
-            result, worker_id = self._next_result()
-        except StopIteration:
-            self._store_stats()
-            self._loader_metrics.publish(self._loader_name, self._stats)
-            raise
+        while True:
+            try:
+                result, worker_id = self._next_result()
+            except StopIteration:
+                self._store_stats()
+                self._loader_metrics.publish(self._loader_name, self._stats)
+                raise
+            slot = self._slots[worker_id]
+            self._record.deliver(
+                worker_id, WorkerPosition.of(result),
+                None if self._is_iterable else result.task_id,
+                self._task_sampler_state.pop(result.task_id, None))
+            dropped = self._dropped(result)
+            slot.num_tasks -= 1
+            slot.handed_out += 1
+            self._torch_dispatched += 1  # torch dispatches one task per batch handed out
+            self._store.released(result.task_id)  # the loop has it: its bytes no longer count
+            self._fill()
+            if not dropped:
+                break
         waited = time.perf_counter() - started
         self._timeline.delivered(result.task_id, time.time())
-        slot = self._slots[worker_id]
         self._stats.record_batch(waited, slot.worker_id, result.made_on, stalled_s=self._stalled)
-        self._record.deliver(worker_id, result.rng_state, result.dataset_state)
         self._num_yielded += 1
         self._warn_if_past_reported_length()
-        slot.num_tasks -= 1
-        slot.handed_out += 1
-        self._torch_dispatched += 1  # torch dispatches one task per batch handed out
-        self._store.released(result.task_id)  # the loop has it: its bytes no longer count
-        self._fill()
         self._stats.set_in_flight(self._tasks_outstanding)
         self._store_stats()
         self._control_step()
@@ -320,8 +357,16 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         data = transport.from_wire(result.payload)
         return nested.pin_memory(data) if self._pin_memory else data
 
+    def _dropped(self, result: TaskResult) -> bool:
+        """A resumed epoch's batch the loop had before the save: made again (for the RNG
+        states after it), not handed out twice (resume.py)."""
+        if self._drop:
+            self._drop -= 1
+            return True
+        return result.task_id in self._record.already_handed and not self._is_iterable
+
     def __del__(self) -> None:
-        if getattr(self, "_created_in", None) != os.getpid():
+        if _getpid is None or getattr(self, "_created_in", None) != _getpid():
             # Released in a forked child of the trainer (its collector does not visit the
             # trainer's objects: NOTE [ dpex How Each Process Ends ], but the child's code
             # may drop one): Ray is the trainer's, and a call to it from here would block

@@ -1,16 +1,21 @@
 """``distribute_mode=False``: torch's own iterator, unchanged, timed for ``loader.stats()``
-and with dpex's position record (the module doc of resume.py), and the two pieces a resumed
-epoch there needs (a sampler that skips, loader attributes swapped while torch builds its
+and with dpex's position record (record.py), and the two pieces a resumed epoch there needs
+(the index sampler torch's iterator reads, loader attributes swapped while torch builds its
 iterator)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from dpex.epoch.resume import PADDING, EpochRecord, Recorded, skipping
+from dpex.epoch.position import WorkerPosition
+from dpex.epoch.record import EpochRecord
+from dpex.epoch.resume import EpochStart
+from dpex.epoch.sampler_cursor import IndexCursor
+from dpex.epoch.torch_hooks import PADDING, Recorded
 from dpex.observe.stats import LoaderStats
 
 
@@ -18,10 +23,13 @@ class TimedIterator:
     """Wraps torch's own iterator (unchanged): measures how long the training loop waits,
     and keeps the position record from what the workers' RecordingCollate attached."""
 
-    def __init__(self, inner: Iterator[Any], stats: LoaderStats, record: EpochRecord) -> None:
+    def __init__(self, inner: Iterator[Any], stats: LoaderStats, record: EpochRecord,
+                 sampler: EpochSampler, drop: int = 0) -> None:
         self._inner = inner
         self._stats = stats
         self._record = record
+        self._sampler = sampler
+        self._drop = drop  # batches made again and dropped: an iterable that cannot seek
         stats.start_epoch()
 
     def __iter__(self) -> TimedIterator:
@@ -29,20 +37,21 @@ class TimedIterator:
 
     def __next__(self) -> Any:
         started = time.perf_counter()
-        try:
-            data = next(self._inner)
-            while isinstance(data, str) and data == PADDING:
+        while True:
+            try:
                 data = next(self._inner)
-        except StopIteration:
-            self._record.complete = True
-            raise
-        worker_id = None
-        if isinstance(data, Recorded):
-            worker_id = data.worker_id
-            self._record.deliver(worker_id, data.rng, data.dataset_state)
-            data = data.batch
-        else:
-            self._record.deliver(None, None, None)
+                while isinstance(data, str) and data == PADDING:
+                    data = next(self._inner)
+            except StopIteration:
+                self._record.complete = True
+                raise
+            worker_id, position = None, WorkerPosition()
+            if isinstance(data, Recorded):
+                worker_id, position, data = data.worker_id, data.position, data.batch
+            self._record.deliver(worker_id, position, sampler_state=self._sampler.taken())
+            if not self._drop:
+                break
+            self._drop -= 1
         self._stats.record_batch(time.perf_counter() - started, worker_id)
         return data
 
@@ -50,24 +59,49 @@ class TimedIterator:
         return len(self._inner)
 
 
-class ResumingIndexSampler:
-    """The loader's index sampler for one resumed epoch: pads, then skips handed-out batches.
+class EpochSampler:
+    """The loader's index sampler as torch's iterator sees it: each epoch's batches through
+    an ``IndexCursor``, whose sampler state after each batch waits here until that batch
+    reaches the loop (torch hands them out in the order it drew them); a resumed epoch's
+    batches (``EpochStart``) once. A persistent torch iterator keeps this object and
+    iterates it again each epoch."""
 
-    Disarmed once torch's iterator is built: a persistent torch iterator keeps this object and
-    re-iterates it next epoch, when it must behave as the plain sampler again.
-    """
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self._armed: EpochStart | None = None
+        self._states: deque = deque()
+        self._cursor: IndexCursor | None = None
 
-    def __init__(self, base, skip: int, pad: int) -> None:
-        self.base, self.skip, self.pad = base, skip, pad
+    def arm(self, start: EpochStart) -> None:
+        self._armed = start
 
     def disarm(self) -> None:
-        self.skip = self.pad = 0
+        """Once torch's iterator is built (which iterates this twice, keeping the last)."""
+        self._armed = None
 
     def __iter__(self):
-        return skipping(self.base, self.skip, self.pad, [])
+        self._states.clear()
+        start = self._armed
+        if start is not None:
+            self._cursor, batches = start.cursor, start.batches
+        else:
+            self._cursor = batches = IndexCursor(self.base)
+        return self._recording(batches)
 
-    def __len__(self) -> int:
-        return len(self.base) - self.skip + self.pad
+    def _recording(self, batches):
+        cursor = self._cursor
+        for batch in batches:
+            if cursor is not None and cursor.stateful and not (isinstance(batch, list)
+                                                               and not batch):
+                self._states.append(cursor.state())
+            yield batch
+
+    def taken(self) -> Any:
+        """The sampler's state after the batch the loop has now."""
+        return self._states.popleft() if self._states else None
+
+    def __len__(self) -> int:  # the epoch's, resumed or not, as torchdata's len(loader)
+        return len(self.base)
 
 
 @contextlib.contextmanager

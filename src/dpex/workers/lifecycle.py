@@ -63,7 +63,7 @@ class ProcessLifecycle:
 
     def _begin_slot(self, slot: WorkerSlot) -> None:
         """Make ``slot``'s replica on its process, continuing from ``slot``'s position."""
-        if self._is_iterable and slot.position.dataset_state is None:
+        if self._is_iterable and not slot.position.seekable:
             # A replica that cannot seek: rewind to the epoch start, replay what was received.
             resume = (slot.epoch_start, list(slot.replay_log))
         else:
@@ -235,7 +235,7 @@ class ProcessLifecycle:
     def _movable(self, slot: WorkerSlot) -> bool:
         """Only between two of its tasks (it drains first), and if its replica can seek."""
         return (slot.moving_to is None and slot.active
-                and not (self._is_iterable and slot.position.dataset_state is None))
+                and not (self._is_iterable and not slot.position.seekable))
 
     def _move(self, slot: WorkerSlot, dest: ProcessHandle) -> None:
         """Move logical worker ``slot`` to ``dest``: it drains (new tasks wait in

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from dpex.epoch.resume import WorkerPosition
+from dpex.epoch.position import WorkerPosition
 from dpex.observe.delivery import DeliveryRecord, slower_time, speed
 from dpex.ray_session import session_handles
 

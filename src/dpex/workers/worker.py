@@ -27,7 +27,15 @@ import torch
 
 from dpex.cache import runtime as cache_runtime
 from dpex.compat import clear_worker_info, set_worker_info
-from dpex.epoch.resume import WorkerPosition, dataset_state, restore_position
+from dpex.epoch.position import (
+    WorkerPosition,
+    dataset_state,
+    is_stateful,
+    iterator_state,
+    restore_dataset,
+    restore_iterator_and_rng,
+    restore_position,
+)
 from dpex.epoch.seeding import RngState, seed_worker
 from dpex.workers import allocator, transport, user_code
 from dpex.workers.errors import RemoteError
@@ -81,7 +89,8 @@ class TaskResult:
     kind: str
     payload: Any
     rng_state: RngState | None
-    dataset_state: Any = None  # IterableDataset.state_dict() after this task, if it has one
+    dataset_state: Any = None  # the dataset's state_dict() after this task, if it has one
+    iterator_state: Any = None  # that of the iterator iter(dataset) made, if it has one
     busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
     cpu_s: float = 0.0  # the CPU time its threads used meanwhile (what the task costs a node)
     finished_at: float = 0.0  # wall clock when it finished (dpex.observe.timeline)
@@ -99,7 +108,7 @@ class _Replica:
         self.seed = seed
         self.fetcher = None
         self.init_error: RemoteError | None = None
-        self.stateful = config.is_iterable and callable(getattr(dataset, "state_dict", None))
+        self.stateful = is_stateful(dataset)  # torchdata keeps a map-style one's state too
         self.rng: RngState | None = None  # its RNG state while another replica runs
         self.generation: int | None = None  # a shared stream's fence (``Worker.fence``)
 
@@ -204,8 +213,10 @@ class Worker:
                 getattr(dataset, config.worker_init_fn.name)(worker_id)
             elif config.worker_init_fn is not None:
                 config.worker_init_fn(worker_id)
-            restore_position(dataset, resume)
-            self._new_fetcher(replica)  # after the restore: an iterable replica starts there
+            # torchdata's order: the dataset's state, iter(dataset), the iterator's state.
+            restore_dataset(dataset, resume)
+            self._new_fetcher(replica)
+            restore_iterator_and_rng(self._dataset_iter(replica), resume)
         except Exception:
             replica.init_error = RemoteError.capture(worker_id, indices=None)
         for index in replay or ():
@@ -223,7 +234,7 @@ class Worker:
         self._activate(replica)
         if position.rng is None:  # as freshly seeded
             seed_worker(self.config.base_seed, worker_id)
-        restore_position(replica.dataset, position)
+        restore_position(replica.dataset, position, self._dataset_iter(replica))
 
     def drop(self, worker_id: int) -> None:
         """Stop hosting ``worker_id`` (it moved to another process)."""
@@ -308,8 +319,8 @@ class Worker:
         RNG state (its first task, with a failed ``worker_init_fn``'s error, was that one)."""
         self._activate(replica)
         replica.init_error = None
-        restore_position(replica.dataset, WorkerPosition(previous.rng_state,
-                                                         previous.dataset_state))
+        restore_position(replica.dataset, WorkerPosition.of(previous),
+                         self._dataset_iter(replica))
 
     def _activate(self, replica: _Replica) -> None:
         """Give the process's global RNGs and worker info to ``replica``."""
@@ -343,10 +354,16 @@ class Worker:
         except Exception:
             payload, kind = RemoteError.capture(replica.worker_id, index), ERROR
         state = dataset_state(replica.dataset) if replica.stateful and kind == DATA else None
+        at = iterator_state(replica.dataset, self._dataset_iter(replica)) if kind == DATA else None
         nbytes = transport.wire_nbytes(payload) if kind == DATA and not self._through_a_pipe else 0
-        return TaskResult(task_id, kind, payload, RngState.capture(), state,
+        return TaskResult(task_id, kind, payload, RngState.capture(), state, at,
                           time.perf_counter() - started, time.process_time() - cpu_started,
                           time.time(), nbytes)
+
+    @staticmethod
+    def _dataset_iter(replica: _Replica) -> Any:
+        """The iterator ``iter(dataset)`` made for an iterable replica (None otherwise)."""
+        return getattr(replica.fetcher, "dataset_iter", None)
 
     def _to_pipe(self, batch: Any) -> Any:
         """``transport.to_pipe``, through the slots this process reuses; where shared

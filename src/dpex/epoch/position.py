@@ -1,0 +1,79 @@
+"""A worker's position in an epoch, and how a dataset replica is put back there. Pure: no Ray.
+
+A position is what a worker needs to go on exactly where another left off: its RNG states
+(``random``, numpy, torch) and, where the user's objects keep state of their own (torchdata's
+``Stateful`` protocol: ``state_dict()`` / ``load_state_dict()``), the dataset's and the
+dataset iterator's. None fields mean "as freshly seeded" and "nothing to restore".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dpex.epoch.seeding import RngState
+
+
+@dataclass
+class WorkerPosition:
+    """A worker's state after its last handed-out batch (or at an epoch's start)."""
+
+    rng: RngState | None = None
+    dataset_state: Any = None
+    iterator_state: Any = None
+
+    @classmethod
+    def of(cls, result: Any) -> WorkerPosition:
+        """The position a worker's task result carries (``rng_state``, ``dataset_state``,
+        ``iterator_state``)."""
+        return cls(result.rng_state, result.dataset_state, result.iterator_state)
+
+    @property
+    def seekable(self) -> bool:
+        """Whether a replica can be put here directly: the dataset or its iterator has a
+        state. Otherwise an iterable replica is rewound and replays what it delivered."""
+        return self.dataset_state is not None or self.iterator_state is not None
+
+
+def is_stateful(obj: Any) -> bool:
+    """torchdata's ``Stateful``: both methods, callable."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None))
+
+
+def dataset_state(dataset: Any) -> Any:
+    """The dataset's own ``state_dict()``, where it has one."""
+    state_dict = getattr(dataset, "state_dict", None)
+    return state_dict() if callable(state_dict) else None
+
+
+def iterator_state(dataset: Any, iterator: Any) -> Any:
+    """The state of the iterator ``iter(dataset)`` returned, where it is ``Stateful`` and
+    not the dataset itself (whose state ``dataset_state`` holds)."""
+    if iterator is None or iterator is dataset or not is_stateful(iterator):
+        return None
+    return iterator.state_dict()
+
+
+def restore_position(dataset: Any, position: WorkerPosition | None,
+                     iterator: Any = None) -> None:
+    """Put a replica whose iterator exists (or that has none) at ``position``."""
+    restore_dataset(dataset, position)
+    restore_iterator_and_rng(iterator, position)
+
+
+def restore_dataset(dataset: Any, position: WorkerPosition | None) -> None:
+    """The first step of torchdata's order: the dataset's state, before ``iter(dataset)``."""
+    if position is not None and position.dataset_state is not None:
+        dataset.load_state_dict(position.dataset_state)
+
+
+def restore_iterator_and_rng(iterator: Any, position: WorkerPosition | None) -> None:
+    """The iterator's state once ``iter(dataset)`` made it, then the RNG states last, so
+    that nothing drawn on the way counts."""
+    if position is None:
+        return
+    if iterator is not None and position.iterator_state is not None and is_stateful(iterator):
+        iterator.load_state_dict(position.iterator_state)
+    if position.rng is not None:
+        position.rng.restore()

@@ -1,0 +1,107 @@
+"""The loader's state as a checkpoint holds it: plain JSON types, versioned. Pure: no Ray.
+
+A state lives beside the model's weights for months, in JSON, a DCP checkpoint or
+``torch.save``. So it holds only numbers, strings, booleans, None, lists and dicts: RNG
+states are lists of ints or base64 strings, never tensors. ``json.dumps`` takes it as it
+is, and ``torch.load(..., weights_only=True)`` loads it. What a user's own dataset,
+iterator or sampler returns from its ``state_dict()`` is kept as the user made it.
+
+A state of version 1 (the previous release: tensors, no epoch status, no fingerprint) is
+read into version 2's shape by ``upgrade``.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpex.epoch.seeding import RngState
+
+STATE_VERSION = 2
+
+# Where an epoch stands in a state: no epoch began yet in the loader that saved it; an
+# epoch is under way (``batches_delivered`` of it handed out: all of them at its last
+# batch, when the rest of it is empty); the loop saw its end (StopIteration), so the next
+# ``iter(loader)`` starts a new one. torchdata's StatefulDataLoader has the same three.
+BEFORE, IN_PROGRESS, ENDED = "before", "in_progress", "ended"
+
+
+def bytes_to_text(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def text_to_bytes(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+def generator_state_to_plain(state: torch.Tensor | None) -> str | None:
+    """A ``torch.Generator`` state (a ByteTensor) as base64 text."""
+    return None if state is None else bytes_to_text(state.numpy().tobytes())
+
+
+def generator_state_from_plain(plain: Any) -> torch.Tensor | None:
+    """The ByteTensor again; a version-1 state holds the tensor itself."""
+    if plain is None or isinstance(plain, torch.Tensor):
+        return plain
+    return torch.frombuffer(bytearray(text_to_bytes(plain)), dtype=torch.uint8).clone()
+
+
+def rng_to_plain(rng: RngState | None) -> dict | None:
+    """A worker's ``random``, numpy and torch states in JSON types."""
+    if rng is None:
+        return None
+    version, words, gauss = rng.python
+    algorithm, keys, pos, has_gauss, cached = rng.numpy
+    return {
+        "python": [int(version), [int(w) for w in words], gauss],
+        "numpy": [str(algorithm), [int(k) for k in np.asarray(keys)], int(pos), int(has_gauss),
+                  float(cached)],
+        "torch": bytes_to_text(bytes(rng.torch)),
+    }
+
+
+def rng_from_plain(plain: dict | None) -> RngState | None:
+    if plain is None:
+        return None
+    version, words, gauss = plain["python"]
+    algorithm, keys, pos, has_gauss, cached = plain["numpy"]
+    if isinstance(keys, torch.Tensor):  # version 1
+        keys = keys.numpy()
+    torch_state = plain["torch"]
+    torch_bytes = (torch_state.numpy().tobytes() if isinstance(torch_state, torch.Tensor)
+                   else text_to_bytes(torch_state))
+    numpy_state = (algorithm, np.asarray(keys, dtype=np.int64).astype(np.uint32), int(pos),
+                   int(has_gauss), float(cached))
+    return RngState((version, tuple(words), gauss), numpy_state, torch_bytes)
+
+
+def upgrade(state: Any) -> dict[str, Any]:
+    """``state`` in version 2's shape; ValueError for what is not a dpex loader state."""
+    if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
+        raise ValueError(f"not a dpex DataLoader state (version 1 or {STATE_VERSION}): "
+                         f"{state!r:.200}")
+    if state["version"] == STATE_VERSION:
+        return state
+    # Version 1: one generator state (the loader's), the epoch under way when batches were
+    # handed out or its base seed drawn, else the next one; no fingerprint to check.
+    delivered = state["batches_delivered"]
+    in_progress = delivered > 0 or bool(state["base_seed_drawn"])
+    return {
+        "version": STATE_VERSION,
+        "epoch": IN_PROGRESS if in_progress else ENDED,
+        "generator": "loader" if state["generator_state"] is not None else None,
+        "generator_state": generator_state_to_plain(state["generator_state"]),
+        "base_seed": state["base_seed"],
+        "base_seed_drawn": bool(state["base_seed_drawn"]),
+        "batches_delivered": delivered,
+        "delivered_after": [],
+        "next_worker": None,
+        "workers": [{"rng": rng_to_plain(rng_from_plain(w["rng"])),
+                     "dataset_state": w["dataset_state"]} for w in state["workers"]],
+        "main": None,
+        "sampler": None,
+        "loader": None,
+    }

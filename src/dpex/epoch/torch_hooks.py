@@ -1,0 +1,80 @@
+"""distribute_mode=False: how dpex keeps the position of torch's own worker processes.
+Pure: no Ray.
+
+dpex reaches torch's workers only through the public callables torch runs there:
+``collate_fn`` (after each batch: ``RecordingCollate`` sends the worker's position back with
+the batch) and ``worker_init_fn`` (``ResumingWorkerInit`` puts a worker of a resumed epoch
+at its saved position).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dpex.epoch.position import WorkerPosition, dataset_state, restore_position
+from dpex.epoch.seeding import RngState, seed_worker
+
+PADDING = "dpex-resume-padding"
+
+
+class Recorded:
+    """A batch with the worker position after it, as it leaves a torch worker."""
+
+    __slots__ = ("batch", "worker_id", "rng", "dataset_state")
+
+    def __init__(self, batch, worker_id, rng, dataset_state) -> None:
+        self.batch, self.worker_id, self.rng, self.dataset_state = batch, worker_id, rng, dataset_state
+
+    def pin_memory(self, device=None) -> Recorded:  # torch's pin-memory thread calls this
+        from dpex.nested import pin_memory
+
+        return Recorded(pin_memory(self.batch), self.worker_id, self.rng, self.dataset_state)
+
+    @property
+    def position(self) -> WorkerPosition:
+        return WorkerPosition(self.rng, self.dataset_state)
+
+
+class RecordingCollate:
+    """Wraps the user's collate_fn: records the worker's position after each batch."""
+
+    def __init__(self, collate_fn: Callable) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, data):
+        if isinstance(data, list) and not data:
+            return PADDING  # an alignment batch of a resumed epoch: nothing loaded or drawn
+        batch = self.collate_fn(data)
+        info = torch.utils.data.get_worker_info()
+        return Recorded(batch, info.id, RngState.capture(), dataset_state(info.dataset))
+
+
+class ResumingWorkerInit:
+    """Wraps the user's worker_init_fn: puts each torch worker at its saved position.
+
+    With ``base_seed`` (the resumed epoch drew none), first re-seeds the worker as the
+    original epoch's worker was seeded.
+    """
+
+    def __init__(self, worker_init_fn: Callable | None, workers: list[WorkerPosition],
+                 base_seed: int | None) -> None:
+        self.worker_init_fn = worker_init_fn
+        self.workers = workers
+        self.base_seed = base_seed
+
+    def __call__(self, worker_id: int) -> None:
+        if self.base_seed is not None:
+            seed_worker(self.base_seed, worker_id)
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker_id)
+        if self.workers:
+            restore_position(torch.utils.data.get_worker_info().dataset, self.workers[worker_id])
+
+
+def main_process_state(dataset: Any) -> dict[str, Any] | None:
+    """num_workers=0: the dataset lives in the trainer; its own state, where it has one."""
+    state = dataset_state(dataset)
+    return None if state is None else {"dataset_state": state}
