@@ -49,14 +49,14 @@ def train_loop(config: dict) -> None:
         facts["resumed_at"] = [epoch, len(trained)]
     for epoch in range(epoch, EPOCHS):
         loader.sampler.set_epoch(epoch)
-        for step, batch in enumerate(loader):
+        for batch in loader:
             if (rank == 0 and checkpoint is None and config["die_at"] is not None
                     and (epoch, len(trained) % len(loader)) == tuple(config["die_at"])):
                 os._exit(1)  # mid-epoch, after the checkpoint of the batch before
             trained.append(batch)
-            # The epoch the loader's state continues in: after an epoch's last batch, a
-            # loaded state starts the next epoch (as torchdata's StatefulDataLoader does).
-            _report(rank, epoch + (step + 1 == len(loader)), trained, loader, config["kind"])
+            # The loader's state continues this epoch (after its last batch, with its empty
+            # rest, as torchdata's StatefulDataLoader's does), so the epoch is saved as is.
+            _report(rank, epoch, trained, loader, config["kind"])
     if facts["on_ray"]:
         stats = iterated.stats()
         facts["nodes"] = sorted(stats.per_node)

@@ -129,6 +129,18 @@ def test_in_order_false_loses_no_sample_in_flight():
         assert torch.equal(batch, expected[int(batch[0, 0])])
 
 
+def test_in_order_false_in_torchs_mode_refuses_a_state_it_cannot_make_exact():
+    loader = dpex.DataLoader(RangeDataset(12), batch_size=2, num_workers=2, in_order=False,
+                             **mode_args(False))
+    it = iter(loader)
+    next(it)
+    with pytest.raises(ValueError, match="in_order=False needs distribute_mode=True"):
+        loader.state_dict()
+    del it
+    list(loader)
+    assert loader.state_dict()["epoch"] == "ended"
+
+
 ITERABLES = {
     "generator": lambda: GeneratorStream([0, 9, 7]),
     "stateful iterator": lambda: StatefulIteratorStream([0, 9, 7]),

@@ -126,3 +126,19 @@ def test_a_resumed_epoch_on_another_world_size_saves_and_resumes_again():
     rest = resumed(3, 0, True, False, [states_two])
     counts = Counter(samples(seen) + samples(b for r in rest for b in r))
     assert set(counts) == set(range(N)) and sum(c - 1 for c in counts.values()) <= 3 + 1 + 2
+
+
+def test_the_resume_cost_benchmark_runs_at_a_tiny_size(capsys):
+    import importlib.util
+    import os
+
+    from conftest import SRC_DIR
+
+    path = os.path.join(os.path.dirname(SRC_DIR), "benchmarks", "resume_cost.py")
+    spec = importlib.util.spec_from_file_location("resume_cost", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--samples", "5000", "--ranks", "8", "--resize-to", "3",
+                       "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| load_state_dict(), another world size (ms) |" in out

@@ -46,6 +46,13 @@ def is_iterable(loader: Any) -> bool:
 def save(loader: Any, record: EpochRecord, distributed: DistributedEpoch | None) -> dict:
     """``loader.state_dict()``: the record, plus the main process's dataset state
     (``num_workers=0``) and a ``DistributedSampler``'s global position."""
+    if (not loader._uses_ray and not loader.in_order and loader.num_workers
+            and record.status == fmt.IN_PROGRESS and record.delivered):
+        # torch's iterator hands batches out of order and says nothing of which they were.
+        raise ValueError(
+            "state_dict() mid-epoch with in_order=False needs distribute_mode=True: torch's "
+            "own iterator does not say which batches it handed out, so the state would "
+            "lose or repeat samples. Save at an epoch's end, or use in_order=True.")
     main = None
     if loader.num_workers == 0:
         state = dataset_state(loader.dataset)
