@@ -91,6 +91,28 @@ class PassCountingStream(IterableDataset):
         self.position, self.passes = state["position"], state["passes"]
 
 
+class ResumePointStream(IterableDataset):
+    """A generator whose ``load_state_dict`` sets where its next pass starts, read when that
+    pass begins (torchdata's tests have this shape): its state after an epoch's last batch
+    means the end of that pass, not the start of the next."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes, self.i, self.resume = sizes, 0, None
+
+    def __iter__(self):
+        self.i, self.resume = (self.resume or 0), None
+        mine = _my_share(self.sizes)
+        for item in mine[self.i:]:
+            self.i += 1
+            yield torch.tensor([item])
+
+    def state_dict(self) -> dict:
+        return {"i": self.i}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume = state["i"]
+
+
 class CountingSamplerIterator:
     """A Stateful sampler iterator with only ``__next__``, as torchdata's tests write one."""
 

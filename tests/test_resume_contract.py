@@ -15,6 +15,7 @@ from helpers import AugmentedDataset, RangeDataset, assert_batches_equal
 from resume_datasets import (
     GeneratorStream,
     PassCountingStream,
+    ResumePointStream,
     SlowFirst,
     StatefulIteratorSampler,
     StatefulIteratorStream,
@@ -165,18 +166,25 @@ def test_iterable_datasets_resume_without_a_state_of_their_own(mode, kind, k):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_an_iterable_datasets_state_across_an_epochs_end(mode):
-    """A stream that counts its passes keeps the count through a state saved at an epoch's
-    end, and through one saved mid-epoch."""
+@pytest.mark.parametrize("stream", [PassCountingStream(10), ResumePointStream([4, 7])],
+                         ids=["pass counting", "resume point"])
+def test_an_iterable_datasets_state_across_an_epochs_end(mode, stream):
+    """Persistent workers: a stream that counts its passes keeps the count through a state
+    saved after an epoch ended, or mid-epoch; one whose state is a resume point starts the
+    next epoch whole. As the uninterrupted run's workers, the replicas run to their end."""
     def make():
-        return dpex.DataLoader(PassCountingStream(10), batch_size=2, num_workers=2,
+        return dpex.DataLoader(stream, batch_size=2, num_workers=2,
                                persistent_workers=True, **mode_args(mode))
 
     loader = make()
     expected = [batch for _ in range(3) for batch in loader]
-    for epochs_before, k in ((1, 0), (1, 2)):
+    for epochs_before, k in ((1, None), (1, 2)):
         loader = make()
-        seen, state = save_after(loader, k, epochs_before)
+        if k is None:  # after the loop over an epoch ended
+            seen, state = list(loader), json_round_trip(loader.state_dict())
+            assert state["epoch"] == "ended"
+        else:
+            seen, state = save_after(loader, k, epochs_before)
         resumed = make()
         resumed.load_state_dict(state)
         rest = [batch for _ in range(3 - epochs_before) for batch in resumed]

@@ -24,6 +24,7 @@ from dpex import compat
 from dpex.cache import Cache
 from dpex.cache.private_folder import checked_folder
 from dpex.elastic.move_policy import MovePolicy
+from dpex.epoch import state_format as fmt
 from dpex.epoch.record import EpochRecord
 from dpex.epoch.resume import PendingResume, epoch_length, start_epoch
 from dpex.epoch.torch_hooks import RecordingCollate, ResumingWorkerInit
@@ -233,7 +234,8 @@ class DataLoader(TorchDataLoader):
         swaps: dict[str, Any] = {}
         if new_workers:
             # torch's workers report their position through the collate_fn they run.
-            swaps["collate_fn"] = RecordingCollate(self.collate_fn)
+            swaps["collate_fn"] = RecordingCollate(
+                self.collate_fn, self.batch_size if iterable and self._auto_collation else None)
         sampler = self._torch_epoch_sampler()
         drop = 0
         if resume is not None:
@@ -244,7 +246,8 @@ class DataLoader(TorchDataLoader):
             if new_workers and (resume.worker_positions_needed() or not resume.base_seed_drawn):
                 swaps["worker_init_fn"] = ResumingWorkerInit(
                     self.worker_init_fn, resume.workers,
-                    None if resume.base_seed_drawn else resume.base_seed)
+                    None if resume.base_seed_drawn else resume.base_seed,
+                    finish=iterable and resume.status == fmt.ENDED)
             pad = 0
             if workers and self._auto_collation and not iterable:
                 pad = resume.skip % workers

@@ -21,12 +21,14 @@ class WorkerPosition:
     rng: RngState | None = None
     dataset_state: Any = None
     iterator_state: Any = None
+    ended: bool = False  # an iterable replica's iterator ran out within that batch
 
     @classmethod
     def of(cls, result: Any) -> WorkerPosition:
         """The position a worker's task result carries (``rng_state``, ``dataset_state``,
-        ``iterator_state``)."""
-        return cls(result.rng_state, result.dataset_state, result.iterator_state)
+        ``iterator_state``, ``iterator_ended``)."""
+        return cls(result.rng_state, result.dataset_state, result.iterator_state,
+                   result.iterator_ended)
 
     @property
     def seekable(self) -> bool:
@@ -77,3 +79,31 @@ def restore_iterator_and_rng(iterator: Any, position: WorkerPosition | None) -> 
         iterator.load_state_dict(position.iterator_state)
     if position.rng is not None:
         position.rng.restore()
+
+
+def finish_epoch(dataset: Any, iterator: Any, position: WorkerPosition) -> None:
+    """Bring a replica restored to ``position`` (its last handed-out batch's, in an epoch
+    that ended) to where the worker of the uninterrupted run stood: after its iterator's
+    end. That worker then took one more batch, which ran the iterator out, so its dataset's
+    state (a stream that counts its passes, a generator that took its resume point) is the
+    next epoch's start. Only a replica whose dataset or iterator keeps a state needs it.
+
+    Where its iterator ran out within that last batch (``position.ended``), the saved state
+    may already stand after the end (a new pass would begin): then the one item drawn to
+    see it is put back, state and RNG.
+    """
+    if iterator is None or not position.seekable:
+        return
+    if not position.ended:
+        while True:
+            try:
+                next(iterator)
+            except StopIteration:
+                return
+    before = WorkerPosition(RngState.capture(), dataset_state(dataset),
+                            iterator_state(dataset, iterator))
+    try:
+        next(iterator)
+    except StopIteration:
+        return
+    restore_position(dataset, before, iterator)

@@ -170,7 +170,8 @@ def _padded(values: list, like: list, fill: Any = None) -> list:
 def _worker_to_plain(position: WorkerPosition, start: WorkerPosition | None,
                      handed_out: int) -> dict[str, Any]:
     plain = {"rng": fmt.rng_to_plain(position.rng), "dataset_state": position.dataset_state,
-             "iterator_state": position.iterator_state, "handed_out": handed_out}
+             "iterator_state": position.iterator_state, "ended": position.ended,
+             "handed_out": handed_out}
     if start is not None:
         # An iterable replica that cannot seek starts the epoch again from here.
         plain["epoch_start"] = {"rng": fmt.rng_to_plain(start.rng),

@@ -10,8 +10,9 @@ the next one. Resuming:
 * The epoch's draws are made again from the state's generator state: the loader's
   ``generator`` is set to it; without one, torch's global RNG is set to it for the draws
   of the epoch's start (the base seed, then the sampler's first index batch: a
-  ``RandomSampler`` draws its seed there) and put back afterwards, so the loop's own
-  random numbers go on as they were.
+  ``RandomSampler`` draws its seed there). Mid-epoch it is put back afterwards, so the
+  loop's own random numbers go on as they were; at an epoch's start it stays where those
+  draws leave it, as in the uninterrupted run.
 * The sampler finds its place (``sampler_cursor.py``): a ``Stateful`` one from its saved
   state; a ``DistributedSampler`` on another world size from the epoch's global position
   (``rescale.py``); any other by drawing the handed-out batches again and dropping them.
@@ -139,7 +140,7 @@ def _position(plain: dict | None) -> WorkerPosition:
     if plain is None:
         return WorkerPosition()
     return WorkerPosition(fmt.rng_from_plain(plain.get("rng")), plain.get("dataset_state"),
-                          plain.get("iterator_state"))
+                          plain.get("iterator_state"), bool(plain.get("ended", False)))
 
 
 # ----------------------------------------------------------------- what must match
@@ -219,7 +220,12 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
     else:
         base_seed = resume.base_seed
         torch_generator = torch.Generator()  # a draw that changes nothing: the state's seed
-    with global_rng_at(start_state):
+    # At the epoch's very start (nothing of it handed out) the global RNG is left where the
+    # epoch's draws leave it, as the uninterrupted run had it there (a dataset of the main
+    # process, num_workers=0, goes on drawing from it). Later in the epoch the loop has
+    # drawn on since, and its own state stands.
+    at_start = not (resume.skip or resume.already_handed or resume.fast_forward)
+    with global_rng_at(start_state, put_back=not at_start):
         if rest is not None:
             cursor, skip = None, 0
             batches: Iterator[Any] = (iter(rest) if batch_size is None
@@ -241,8 +247,9 @@ def _padded(batches: Iterator[Any], pad: int, pad_item: Any) -> Iterator[Any]:
     yield from batches
 
 @contextlib.contextmanager
-def global_rng_at(state: torch.Tensor | None):
-    """torch's global RNG at ``state`` inside, as it was outside (None: left alone)."""
+def global_rng_at(state: torch.Tensor | None, put_back: bool = True):
+    """torch's global RNG at ``state`` inside (None: left alone); as it was outside after,
+    or, without ``put_back``, where the draws inside left it."""
     if state is None:
         yield
         return
@@ -251,7 +258,8 @@ def global_rng_at(state: torch.Tensor | None):
     try:
         yield
     finally:
-        torch.set_rng_state(outside)
+        if put_back:
+            torch.set_rng_state(outside)
 
 
 def drawn_now(iterator: Iterator[Any]) -> Iterator[Any]:

@@ -14,7 +14,12 @@ from typing import Any
 
 import torch
 
-from dpex.epoch.position import WorkerPosition, dataset_state, restore_position
+from dpex.epoch.position import (
+    WorkerPosition,
+    dataset_state,
+    finish_epoch,
+    restore_position,
+)
 from dpex.epoch.seeding import RngState, seed_worker
 
 PADDING = "dpex-resume-padding"
@@ -23,33 +28,38 @@ PADDING = "dpex-resume-padding"
 class Recorded:
     """A batch with the worker position after it, as it leaves a torch worker."""
 
-    __slots__ = ("batch", "worker_id", "rng", "dataset_state")
+    __slots__ = ("batch", "worker_id", "rng", "dataset_state", "ended")
 
-    def __init__(self, batch, worker_id, rng, dataset_state) -> None:
+    def __init__(self, batch, worker_id, rng, dataset_state, ended=False) -> None:
         self.batch, self.worker_id, self.rng, self.dataset_state = batch, worker_id, rng, dataset_state
+        self.ended = ended
 
     def pin_memory(self, device=None) -> Recorded:  # torch's pin-memory thread calls this
         from dpex.nested import pin_memory
 
-        return Recorded(pin_memory(self.batch), self.worker_id, self.rng, self.dataset_state)
+        return Recorded(pin_memory(self.batch), self.worker_id, self.rng, self.dataset_state,
+                        self.ended)
 
     @property
     def position(self) -> WorkerPosition:
-        return WorkerPosition(self.rng, self.dataset_state)
+        return WorkerPosition(self.rng, self.dataset_state, ended=self.ended)
 
 
 class RecordingCollate:
-    """Wraps the user's collate_fn: records the worker's position after each batch."""
+    """Wraps the user's collate_fn: records the worker's position after each batch.
+    ``batch_size``: an IterableDataset's batches; a shorter one ran its iterator out."""
 
-    def __init__(self, collate_fn: Callable) -> None:
+    def __init__(self, collate_fn: Callable, batch_size: int | None = None) -> None:
         self.collate_fn = collate_fn
+        self.batch_size = batch_size
 
     def __call__(self, data):
         if isinstance(data, list) and not data:
             return PADDING  # an alignment batch of a resumed epoch: nothing loaded or drawn
         batch = self.collate_fn(data)
         info = torch.utils.data.get_worker_info()
-        return Recorded(batch, info.id, RngState.capture(), dataset_state(info.dataset))
+        ended = self.batch_size is not None and len(data) < self.batch_size
+        return Recorded(batch, info.id, RngState.capture(), dataset_state(info.dataset), ended)
 
 
 class ResumingWorkerInit:
@@ -60,10 +70,11 @@ class ResumingWorkerInit:
     """
 
     def __init__(self, worker_init_fn: Callable | None, workers: list[WorkerPosition],
-                 base_seed: int | None) -> None:
+                 base_seed: int | None, finish: bool = False) -> None:
         self.worker_init_fn = worker_init_fn
         self.workers = workers
         self.base_seed = base_seed
+        self.finish = finish  # the saved epoch ended: its replicas are run to their end
 
     def __call__(self, worker_id: int) -> None:
         if self.base_seed is not None:
@@ -71,7 +82,11 @@ class ResumingWorkerInit:
         if self.worker_init_fn is not None:
             self.worker_init_fn(worker_id)
         if self.workers:
-            restore_position(torch.utils.data.get_worker_info().dataset, self.workers[worker_id])
+            dataset = torch.utils.data.get_worker_info().dataset
+            position = self.workers[worker_id]
+            restore_position(dataset, position)
+            if self.finish:
+                finish_epoch(dataset, iter(dataset), position)
 
 
 def main_process_state(dataset: Any) -> dict[str, Any] | None:

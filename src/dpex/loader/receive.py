@@ -79,6 +79,14 @@ class Receive:
             target = self._task_ref.get(self._rcvd_idx) if self._in_order else None
             self._receive(target)
 
+    def _dropped(self, result: TaskResult) -> bool:
+        """A resumed epoch's batch the loop had before the save: made again (for the RNG
+        states after it), not handed out twice (resume.py)."""
+        if self._drop:
+            self._drop -= 1
+            return True
+        return result.task_id in self._record.already_handed and not self._is_iterable
+
     def _read_spilled_bytes(self) -> None:
         """At the epoch's end, while its processes are still its own: ask what Ray spilled
         (``stats().store_spilled_bytes``) of one of its Ray processes, which reads it over

@@ -75,6 +75,7 @@ from dpex import nested, process_ends, ray_session
 from dpex.elastic.control import ElasticControl
 from dpex.elastic.placement import NodePicker
 from dpex.elastic.store_budget import StoreBudget
+from dpex.epoch import state_format as fmt
 from dpex.epoch.position import WorkerPosition
 from dpex.epoch.record import EpochRecord
 from dpex.epoch.resume import EpochStart, PendingResume, epoch_length, start_epoch
@@ -194,6 +195,9 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
             slot.epoch_start = slot.position
             slot.process = self._procs[slot.worker_id % len(self._procs)]
             self._begin_slot(slot)
+            if resume is not None and resume.status == fmt.ENDED and slot.position.seekable:
+                # The saved epoch ended: its replicas ran to their end (position.finish_epoch).
+                slot.barrier = slot.actor.reset_epoch.remote(slot.worker_id, slot.position)
         live_iterators.add(self)
         self._drop = resume.fast_forward if resume is not None else 0
         self._reset(loader, first_iter=True, start=start,
@@ -356,14 +360,6 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
             result.payload.reraise()
         data = transport.from_wire(result.payload)
         return nested.pin_memory(data) if self._pin_memory else data
-
-    def _dropped(self, result: TaskResult) -> bool:
-        """A resumed epoch's batch the loop had before the save: made again (for the RNG
-        states after it), not handed out twice (resume.py)."""
-        if self._drop:
-            self._drop -= 1
-            return True
-        return result.task_id in self._record.already_handed and not self._is_iterable
 
     def __del__(self) -> None:
         if _getpid is None or getattr(self, "_created_in", None) != _getpid():

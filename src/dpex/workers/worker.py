@@ -30,6 +30,7 @@ from dpex.compat import clear_worker_info, set_worker_info
 from dpex.epoch.position import (
     WorkerPosition,
     dataset_state,
+    finish_epoch,
     is_stateful,
     iterator_state,
     restore_dataset,
@@ -91,6 +92,7 @@ class TaskResult:
     rng_state: RngState | None
     dataset_state: Any = None  # the dataset's state_dict() after this task, if it has one
     iterator_state: Any = None  # that of the iterator iter(dataset) made, if it has one
+    iterator_ended: bool = False  # an iterable replica ran out within this batch
     busy_s: float = 0.0  # how long the process spent on this task (its measured speed)
     cpu_s: float = 0.0  # the CPU time its threads used meanwhile (what the task costs a node)
     finished_at: float = 0.0  # wall clock when it finished (dpex.observe.timeline)
@@ -273,14 +275,23 @@ class Worker:
 
         return spilled_bytes()
 
-    def reset_epoch(self, worker_id: int | None = None) -> None:
+    def reset_epoch(self, worker_id: int | None = None,
+                    finish: WorkerPosition | None = None) -> None:
         """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept.
-        ``worker_id``: that logical worker; None: every one this process hosts."""
+        ``worker_id``: that logical worker; None: every one this process hosts.
+        ``finish``: the replica was restored to this position of an epoch that ended: first
+        bring it to that epoch's end (``position.finish_epoch``)."""
         ids = list(self._replicas) if worker_id is None else [worker_id]
         cache_runtime.refresh()
         for replica in (self._replicas.get(i) for i in ids):
             if replica is not None and replica.init_error is None:
                 self._activate(replica)  # a fresh iterator may draw from the worker's RNG
+                if finish is not None:
+                    try:
+                        finish_epoch(replica.dataset, self._dataset_iter(replica), finish)
+                    except Exception:
+                        replica.init_error = RemoteError.capture(replica.worker_id, indices=None)
+                        continue
                 self._new_fetcher(replica)
                 replica.rng = RngState.capture()
 
@@ -356,7 +367,8 @@ class Worker:
         state = dataset_state(replica.dataset) if replica.stateful and kind == DATA else None
         at = iterator_state(replica.dataset, self._dataset_iter(replica)) if kind == DATA else None
         nbytes = transport.wire_nbytes(payload) if kind == DATA and not self._through_a_pipe else 0
-        return TaskResult(task_id, kind, payload, RngState.capture(), state, at,
+        ended = kind == DATA and bool(getattr(replica.fetcher, "ended", False))
+        return TaskResult(task_id, kind, payload, RngState.capture(), state, at, ended,
                           time.perf_counter() - started, time.process_time() - cpu_started,
                           time.time(), nbytes)
 
