@@ -260,7 +260,7 @@ def test_snapshot_every_n_steps_is_taken_as_torchdata_scripts_pass_it():
     loader = dpex.DataLoader(RangeDataset(6), batch_size=2, snapshot_every_n_steps=5)
     assert loader.snapshot_every_n_steps == 5 and len(list(loader)) == 3
     with pytest.raises(ValueError, match="snapshot_every_n_steps"):
-        dpex.DataLoader(RangeDataset(6), snapshot_every_n_steps=0)
+        dpex.DataLoader(RangeDataset(6), snapshot_every_n_steps=-1)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from dataclasses import replace
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -27,7 +28,7 @@ from dpex.elastic.move_policy import MovePolicy
 from dpex.epoch import state_format as fmt
 from dpex.epoch.record import EpochRecord
 from dpex.epoch.resume import PendingResume, epoch_length, start_epoch
-from dpex.epoch.torch_hooks import RecordingCollate, ResumingWorkerInit
+from dpex.epoch.torch_hooks import RecordingCollate, ResumingWorkerInit, restore_main_process
 from dpex.loader import rebuilt, resuming
 from dpex.loader.torch_mode import EpochSampler, TimedIterator, swapped
 from dpex.observe.ray_metrics import LoaderMetrics, default_name
@@ -128,8 +129,8 @@ class DataLoader(TorchDataLoader):
             raise TypeError(f"share should be a non-empty str naming a stream, or None, "
                             f"but got {share!r}")
         if snapshot_every_n_steps is not None and (
-                not isinstance(snapshot_every_n_steps, int) or snapshot_every_n_steps < 1):
-            raise ValueError(f"snapshot_every_n_steps should be a positive int or None, "
+                not isinstance(snapshot_every_n_steps, int) or snapshot_every_n_steps < 0):
+            raise ValueError(f"snapshot_every_n_steps should be a non-negative int or None, "
                              f"but got {snapshot_every_n_steps!r}")
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.share = share
@@ -239,10 +240,7 @@ class DataLoader(TorchDataLoader):
         sampler = self._torch_epoch_sampler()
         drop = 0
         if resume is not None:
-            self._record.resume_at(resume.skip, resume.workers, resume.epoch_start,
-                                   resume.handed_out, None, resume.sampler_state, [])
-            if resume.main and resume.main.get("dataset_state") is not None:
-                self.dataset.load_state_dict(resume.main["dataset_state"])
+            restore_main_process(self.dataset, resume.main, iterator_made=False)
             if new_workers and (resume.worker_positions_needed() or not resume.base_seed_drawn):
                 swaps["worker_init_fn"] = ResumingWorkerInit(
                     self.worker_init_fn, resume.workers,
@@ -253,9 +251,10 @@ class DataLoader(TorchDataLoader):
                 pad = resume.skip % workers
             start = start_epoch(self._base_index_sampler, self.generator, resume, pad=pad,
                                 pad_item=[], rest=rest, batch_size=self.batch_size,
-                                drop_last=self.drop_last)
+                                drop_last=self.drop_last, in_this_process=not workers)
             if start.torch_generator is not None:
                 swaps["generator"] = start.torch_generator
+            self._record.resume_at(replace(resume, already_handed=[]), start.base_seed, None)
             sampler.arm(start)
             drop = resume.fast_forward
         try:
@@ -263,6 +262,8 @@ class DataLoader(TorchDataLoader):
                 inner = super().__iter__()
         finally:
             sampler.disarm()
+        if resume is not None:
+            restore_main_process(self.dataset, resume.main, iterator_made=True)
         if self.persistent_workers and workers:
             self._torch_persistent_started = True
         return TimedIterator(inner, self._stats, self._record, sampler, drop=drop)

@@ -8,6 +8,7 @@ dataset iterator's. None fields mean "as freshly seeded" and "nothing to restore
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,18 +44,29 @@ def is_stateful(obj: Any) -> bool:
         getattr(obj, "load_state_dict", None))
 
 
+def iterates_itself(dataset: Any) -> bool:
+    """A dataset that is its own iterator (``__iter__`` returns it, ``__next__`` reads):
+    its state is the iterator's, restored after ``iter()`` (which may reset it), as
+    torchdata does."""
+    return callable(getattr(type(dataset), "__next__", None))
+
+
 def dataset_state(dataset: Any) -> Any:
-    """The dataset's own ``state_dict()``, where it has one."""
+    """A copy of the dataset's own ``state_dict()``, where it has one (and is not its own
+    iterator: ``iterator_state``). A copy: a state often holds the dataset's live objects
+    (a dict it goes on changing), and it travels after later batches were made."""
     state_dict = getattr(dataset, "state_dict", None)
-    return state_dict() if callable(state_dict) else None
+    if not callable(state_dict) or iterates_itself(dataset):
+        return None
+    return copy.deepcopy(state_dict())
 
 
 def iterator_state(dataset: Any, iterator: Any) -> Any:
-    """The state of the iterator ``iter(dataset)`` returned, where it is ``Stateful`` and
-    not the dataset itself (whose state ``dataset_state`` holds)."""
-    if iterator is None or iterator is dataset or not is_stateful(iterator):
+    """The state of the iterator ``iter(dataset)`` returned, where it is ``Stateful`` (the
+    dataset itself, where it is its own iterator)."""
+    if iterator is None or (iterator is dataset and not iterates_itself(dataset)):
         return None
-    return iterator.state_dict()
+    return copy.deepcopy(iterator.state_dict()) if is_stateful(iterator) else None
 
 
 def restore_position(dataset: Any, position: WorkerPosition | None,
@@ -67,7 +79,8 @@ def restore_position(dataset: Any, position: WorkerPosition | None,
 def restore_dataset(dataset: Any, position: WorkerPosition | None) -> None:
     """The first step of torchdata's order: the dataset's state, before ``iter(dataset)``."""
     if position is not None and position.dataset_state is not None:
-        dataset.load_state_dict(position.dataset_state)
+        # A copy: the dataset may go on changing what it is given (the state's own dict).
+        dataset.load_state_dict(copy.deepcopy(position.dataset_state))
 
 
 def restore_iterator_and_rng(iterator: Any, position: WorkerPosition | None) -> None:
@@ -76,7 +89,7 @@ def restore_iterator_and_rng(iterator: Any, position: WorkerPosition | None) -> 
     if position is None:
         return
     if iterator is not None and position.iterator_state is not None and is_stateful(iterator):
-        iterator.load_state_dict(position.iterator_state)
+        iterator.load_state_dict(copy.deepcopy(position.iterator_state))
     if position.rng is not None:
         position.rng.restore()
 

@@ -81,11 +81,19 @@ class EpochRecord:
         self.past_prefix = {}
         self.already_handed = set()
 
-    def resume_at(self, skip: int, workers: list[WorkerPosition] | None,
-                  epoch_start: list[WorkerPosition] | None, handed_out: list[int] | None,
-                  last_worker: int | None, sampler_state: Any, past: list[int]) -> None:
-        """A resumed epoch: the prefix and positions the state had (its batches past the
-        prefix are handed out again as ``deliver`` sees them, then dropped)."""
+    def resume_at(self, resume: Any, base_seed: int | None, last_worker: int | None) -> None:
+        """A resumed epoch (``resume.PendingResume``): where its draws started, its base
+        seed, the prefix and positions the state had (its batches past the prefix are
+        handed out again as ``deliver`` sees them, then dropped)."""
+        if resume.generator_state is not None:
+            self.generator_state = resume.generator_state
+        self.base_seed = base_seed
+        self._positions(resume.skip, resume.workers, resume.epoch_start, resume.handed_out,
+                        last_worker, resume.sampler_state, resume.already_handed)
+
+    def _positions(self, skip: int, workers: list[WorkerPosition] | None,
+                   epoch_start: list[WorkerPosition] | None, handed_out: list[int] | None,
+                   last_worker: int | None, sampler_state: Any, past: list[int]) -> None:
         self.delivered = skip
         if workers:
             self.workers = list(workers)

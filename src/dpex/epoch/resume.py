@@ -120,7 +120,7 @@ class PendingResume:
             distributed=DistributedPosition.from_plain(distributed) if distributed else None,
             main=main)
         seekable = (all(w.seekable for w in workers) if num_workers
-                    else bool(main and main.get("dataset_state") is not None))
+                    else any(v is not None for v in (main or {}).values()))
         if is_iterable and skip and not seekable:
             return resume.fast_forwarded()
         return resume
@@ -194,10 +194,13 @@ class EpochStart:
 
 def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
                 pad: int = 0, pad_item: Any = None, rest: list[int] | None = None,
-                batch_size: int | None = None, drop_last: bool = False) -> EpochStart:
+                batch_size: int | None = None, drop_last: bool = False,
+                in_this_process: bool = False) -> EpochStart:
     """The epoch's base seed and index batches, the first ones drawn as the saved epoch
     drew them (module doc). ``rest``: a rank's samples for the rest of a
     ``DistributedSampler`` epoch resumed on another world size (rescale.py), batched here.
+    ``in_this_process``: the batches are made here (``num_workers=0``), so a fast-forward
+    makes the epoch's draws again from its start, in this process's global RNG.
     """
     if resume is None:
         cursor = IndexCursor(index_sampler)
@@ -220,11 +223,12 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
     else:
         base_seed = resume.base_seed
         torch_generator = torch.Generator()  # a draw that changes nothing: the state's seed
-    # At the epoch's very start (nothing of it handed out) the global RNG is left where the
-    # epoch's draws leave it, as the uninterrupted run had it there (a dataset of the main
-    # process, num_workers=0, goes on drawing from it). Later in the epoch the loop has
-    # drawn on since, and its own state stands.
-    at_start = not (resume.skip or resume.already_handed or resume.fast_forward)
+    # At the epoch's very start (nothing of it handed out, or all of it to be made again
+    # here) the global RNG is left where the epoch's draws leave it, as the uninterrupted
+    # run had it there (a dataset of the main process, num_workers=0, goes on drawing from
+    # it). Later in the epoch the loop has drawn on since, and its own state stands.
+    at_start = not (resume.skip or resume.already_handed
+                    or (resume.fast_forward and not in_this_process))
     with global_rng_at(start_state, put_back=not at_start):
         if rest is not None:
             cursor, skip = None, 0

@@ -9,6 +9,7 @@ at its saved position).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,8 @@ from dpex.epoch.position import (
     WorkerPosition,
     dataset_state,
     finish_epoch,
+    iterates_itself,
+    iterator_state,
     restore_position,
 )
 from dpex.epoch.seeding import RngState, seed_worker
@@ -90,6 +93,20 @@ class ResumingWorkerInit:
 
 
 def main_process_state(dataset: Any) -> dict[str, Any] | None:
-    """num_workers=0: the dataset lives in the trainer; its own state, where it has one."""
+    """num_workers=0: the dataset lives in the trainer; its own state, where it has one
+    (as its iterator's, where it is its own iterator)."""
+    if iterates_itself(dataset):
+        state = iterator_state(dataset, dataset)
+        return None if state is None else {"iterator_state": state}
     state = dataset_state(dataset)
     return None if state is None else {"dataset_state": state}
+
+
+def restore_main_process(dataset: Any, main: dict | None, iterator_made: bool) -> None:
+    """Put a num_workers=0 dataset at its saved state: the dataset's before torch's
+    iterator makes ``iter(dataset)``, an iterator's (the dataset itself) after."""
+    if not main:
+        return
+    key = "iterator_state" if iterator_made else "dataset_state"
+    if main.get(key) is not None:  # a copy: the dataset may change what it is given
+        dataset.load_state_dict(copy.deepcopy(main[key]))

@@ -171,9 +171,8 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._slots = [WorkerSlot(i) for i in range(self._num_workers)]
         if resume is not None:
             self._record.resume_at(
-                resume.skip, resume.workers, resume.epoch_start, resume.handed_out,
-                None if resume.next_worker is None else resume.next_worker - 1,
-                resume.sampler_state, resume.already_handed)
+                resume, self._base_seed,
+                None if resume.next_worker is None else resume.next_worker - 1)
             for slot, position in zip(self._slots, resume.workers):
                 slot.position = position
         self._procs: list[ProcessHandle] = []

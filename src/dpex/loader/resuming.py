@@ -16,7 +16,7 @@ from typing import Any
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset
 
 from dpex.epoch import state_format as fmt
-from dpex.epoch.position import dataset_state
+from dpex.epoch.torch_hooks import main_process_state
 from dpex.epoch.record import EpochRecord
 from dpex.epoch.rescale import DistributedPosition, describe_mismatch
 from dpex.epoch.resume import PendingResume, loader_facts
@@ -55,8 +55,7 @@ def save(loader: Any, record: EpochRecord, distributed: DistributedEpoch | None)
             "lose or repeat samples. Save at an epoch's end, or use in_order=True.")
     main = None
     if loader.num_workers == 0:
-        state = dataset_state(loader.dataset)
-        main = None if state is None else {"dataset_state": state}
+        main = main_process_state(loader.dataset)
     sampler = None
     if distributed is not None and record.status == fmt.IN_PROGRESS:
         sampler = {"distributed": distributed.now(record.delivered).to_plain()}
