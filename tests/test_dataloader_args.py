@@ -53,7 +53,7 @@ def test_signature_is_torchs_plus_dpex_keywords():
     extra = {n: p for n, p in dpex_params.items() if n not in torch_params}
     assert {n: p.default for n, p in extra.items()} == {
         "distribute_mode": False, "head_address": "auto", "worker_options": None,
-        "cache": None, "share": None}
+        "cache": None, "share": None, "snapshot_every_n_steps": 1}
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra.values())
 
 
