@@ -145,6 +145,10 @@ class EpochRecord:
             # draws from the generator as it is now.
             "generator_state": fmt.generator_state_to_plain(
                 self.generator_state if in_progress else generator_state(generator)),
+            # Mid-epoch without a generator: torch's global RNG when the state was taken, as
+            # a checkpoint of it holds it; the resumed epoch leaves it there (resume.py).
+            "global_rng_at_save": fmt.generator_state_to_plain(torch.get_rng_state())
+            if in_progress and generator is None else None,
             "batches_delivered": self.delivered if in_progress else 0,
             "delivered_after": self.handed_past_prefix() if in_progress else [],
             "base_seed": self.base_seed,

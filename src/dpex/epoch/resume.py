@@ -62,6 +62,7 @@ class PendingResume:
     distributed: DistributedPosition | None = None
     main: dict | None = None
     fast_forward: int = 0  # batches to make again and drop (an iterable that cannot seek)
+    global_at_save: torch.Tensor | None = None  # torch's global RNG when it was saved
 
     @classmethod
     def from_state_dict(cls, state: Any, *, generator, num_workers: int,
@@ -118,7 +119,8 @@ class PendingResume:
             already_handed=list(state.get("delivered_after") or []),
             sampler_state=sampler.get("state") if in_progress else None,
             distributed=DistributedPosition.from_plain(distributed) if distributed else None,
-            main=main)
+            main=main, global_at_save=fmt.generator_state_from_plain(
+                state.get("global_rng_at_save")))
         seekable = (all(w.seekable for w in workers) if num_workers
                     else any(v is not None for v in (main or {}).values()))
         if is_iterable and skip and not seekable:
@@ -226,10 +228,13 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
     # At the epoch's very start (nothing of it handed out, or all of it to be made again
     # here) the global RNG is left where the epoch's draws leave it, as the uninterrupted
     # run had it there (a dataset of the main process, num_workers=0, goes on drawing from
-    # it). Later in the epoch the loop has drawn on since, and its own state stands.
+    # it). Later in the epoch it is set to its state when the state was taken, as the
+    # uninterrupted run had it then: the next epochs' draws follow that run's (a script
+    # that reseeds at its start would otherwise draw the same seeds again).
     at_start = not (resume.skip or resume.already_handed
                     or (resume.fast_forward and not in_this_process))
-    with global_rng_at(start_state, put_back=not at_start):
+    with global_rng_at(start_state, put_back=not at_start,
+                       after=None if at_start else resume.global_at_save):
         if rest is not None:
             cursor, skip = None, 0
             batches: Iterator[Any] = (iter(rest) if batch_size is None
@@ -251,9 +256,10 @@ def _padded(batches: Iterator[Any], pad: int, pad_item: Any) -> Iterator[Any]:
     yield from batches
 
 @contextlib.contextmanager
-def global_rng_at(state: torch.Tensor | None, put_back: bool = True):
-    """torch's global RNG at ``state`` inside (None: left alone); as it was outside after,
-    or, without ``put_back``, where the draws inside left it."""
+def global_rng_at(state: torch.Tensor | None, put_back: bool = True,
+                  after: torch.Tensor | None = None):
+    """torch's global RNG at ``state`` inside (None: left alone); after: at ``after`` where
+    given, else as it was outside, or, without ``put_back``, where the draws inside left it."""
     if state is None:
         yield
         return
@@ -262,7 +268,9 @@ def global_rng_at(state: torch.Tensor | None, put_back: bool = True):
     try:
         yield
     finally:
-        if put_back:
+        if after is not None:
+            torch.set_rng_state(after)
+        elif put_back:
             torch.set_rng_state(outside)
 
 
