@@ -104,9 +104,7 @@ def begin_distributed(loader: Any, resume: PendingResume | None
                          f"sampler.set_epoch({saved.epoch}) before iterating the resumed epoch")
     position = saved.resumed_on(sampler.num_replicas)
     if position.segments == saved.segments:  # the same world size: torch's own split
-        return DistributedEpoch(replace(saved, segments=(*saved.segments[:-1],
-                                                         (saved.segments[-1][0], 0))),
-                                len(sampler), batch_size), None, resume
+        return DistributedEpoch(saved, len(sampler), batch_size), None, resume
     rest = position.rank_indices(sampler.rank)
     # The rest of the epoch is this rank's new list: nothing to skip, and the workers'
     # positions (another world's) are dropped for a fresh, deterministic seeding.
