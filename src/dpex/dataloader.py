@@ -148,7 +148,7 @@ class DataLoader(TorchDataLoader):
         self._result_sizes: dict = {}
         self._pending_resume: PendingResume | None = None
         self._epoch_sampler: EpochSampler | None = None  # what torch's iterator reads
-        self._distributed: resuming.DistributedEpoch | None = None
+        self._distributed: resuming.DistributedEpoch | resuming.StreamEpoch | None = None
         self._ray_iterator = None
         self._growth = None  # this loader's ask to the cluster's autoscaler (cluster_growth)
         self._move_policy = MovePolicy()  # the rebalancer's evidence and rests, across epochs
@@ -221,12 +221,12 @@ class DataLoader(TorchDataLoader):
         iterable = isinstance(self.dataset, IterableDataset)
         persistent_going_on = self.persistent_workers and self._torch_persistent_started
         new_workers = workers > 0 and not persistent_going_on
+        self._distributed, rest, resume = resuming.begin_epoch(self, resume)
         if (resume is not None and iterable and workers and resume.skip
                 and resume.next_worker not in (None, 0)):
             # torch's iterator starts at worker 0: the epoch starts again and the loop's
             # batches are made again and dropped.
             resume = resume.fast_forwarded()
-        self._distributed, rest, resume = resuming.begin_distributed(self, resume)
         drawn = not persistent_going_on and (resume is None or resume.base_seed_drawn)
         self._record.start_epoch(self.generator, workers, base_seed_drawn=drawn,
                                  carry_workers=resume is not None or not new_workers,

@@ -7,6 +7,11 @@ shuffled with a generator seeded by ``(seed, epoch)`` -- the same order on every
 is read exactly once per epoch across all ranks and workers. Which row groups a replica reads
 depends only on (seed, epoch, rank, world size, worker id, number of workers): the same in
 torch's workers and in dpex's Ray workers, and the same after a dpex worker is replaced.
+
+It is a *split stream* (NOTE [ dpex Stream Resume on Another Split ], epoch/stream_split.py):
+a loader's state resumes it mid-epoch on another number of ranks or workers, each row of the
+epoch once, and its own state lets a replica skip the row groups it read without reading
+them again.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from torch.utils.data import IterableDataset
 
 from dpex.datasets._parquet_files import ParquetFiles
 from dpex.datasets._topology import resolve_topology, split_for_reader
+from dpex.epoch.stream_split import replica_state
 
 DEFAULT_BATCH_ROWS = 1024
 
@@ -101,6 +107,9 @@ class ParquetIterableDataset(IterableDataset):
         self.seed = seed
         self.batch_rows = batch_rows
         self.epoch = 0
+        self._loaded: dict[str, Any] | None = None  # a state for the next iter()
+        self._rest: list[list[int]] | None = None  # what this epoch's iterator splits
+        self._yielded = 0  # rows this replica's iterator handed out in the epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch for the next iteration (changes the shuffle, as DistributedSampler's).
@@ -123,6 +132,23 @@ class ParquetIterableDataset(IterableDataset):
         order = self._epoch_order()
         return [int(u) for u in order[(self.rank if rank is None else rank) :: self.world_size]]
 
+    def stream_units(self) -> list[tuple[int, int]]:
+        """This epoch's ``(row group, rows)`` in its global order (before the split)."""
+        rows = self.files.unit_rows
+        return [(int(u), int(rows[u])) for u in self._epoch_order()]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The replica's place in its epoch (torchdata's ``Stateful``): what it splits and
+        how many rows of its part it handed out."""
+        if self._loaded is not None:
+            return dict(self._loaded)
+        return replica_state(self.epoch, self._rest, self._yielded)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` (``state_dict``'s) at the next ``iter()``."""
+        self.epoch = int(state["epoch"])
+        self._loaded = replica_state(state["epoch"], state.get("rest"), state.get("yielded", 0))
+
     def _epoch_order(self) -> np.ndarray:
         units = np.arange(self.files.num_row_groups)
         if self.shuffle:
@@ -130,14 +156,41 @@ class ParquetIterableDataset(IterableDataset):
         return units
 
     def __iter__(self) -> Iterator[Any]:
-        for unit in split_for_reader(self._epoch_order(), self.rank, self.world_size):
-            for batch_number, batch in enumerate(self._read_batches(int(unit))):
-                rows = batch.to_pylist()
-                if self.shuffle:
-                    rng = np.random.default_rng([self.seed, self.epoch, int(unit), batch_number])
-                    rows = [rows[i] for i in rng.permutation(len(rows))]
-                for row in rows:
-                    yield self.transform(row) if self.transform is not None else row
+        loaded, self._loaded = self._loaded, None
+        self._rest = loaded["rest"] if loaded is not None else None
+        self._yielded = skip = loaded["yielded"] if loaded is not None else 0
+        units = ([(int(u), 0) for u in self._epoch_order()] if self._rest is None
+                 else [(u, s) for u, s in self._rest])
+        return self._rows(split_for_reader(units, self.rank, self.world_size), skip)
+
+    def _rows(self, units: list[tuple[int, int]], skip: int) -> Iterator[Any]:
+        """The rows of ``units`` (each from its own skip on), the first ``skip`` left out:
+        a unit left out whole is not read."""
+        for unit, unit_skip in units:
+            left = int(self.files.unit_rows[unit]) - unit_skip
+            if skip >= left:
+                skip -= left
+                continue
+            for row in self._unit_rows(unit, unit_skip + skip):
+                self._yielded += 1
+                yield self.transform(row) if self.transform is not None else row
+            skip = 0
+        self._rest, self._yielded = None, 0  # ran out: the next iter() is a new pass
+
+    def _unit_rows(self, unit: int, start: int = 0) -> Iterator[Row]:
+        """A row group's rows in the order they are yielded (shuffled within each record
+        batch from (seed, epoch, unit, batch)), from its ``start``-th on; a record batch
+        wholly before it is not decoded into rows."""
+        for batch_number, batch in enumerate(self._read_batches(unit)):
+            if start >= batch.num_rows:
+                start -= batch.num_rows
+                continue
+            rows = batch.to_pylist()
+            if self.shuffle:
+                rng = np.random.default_rng([self.seed, self.epoch, unit, batch_number])
+                rows = [rows[i] for i in rng.permutation(len(rows))]
+            yield from rows[start:]
+            start = 0
 
     def _read_batches(self, unit: int) -> Iterator[pa.RecordBatch]:
         """Read one row group from storage in record batches: the only I/O of this dataset."""

@@ -16,6 +16,8 @@ the next one. Resuming:
 * The sampler finds its place (``sampler_cursor.py``): a ``Stateful`` one from its saved
   state; a ``DistributedSampler`` on another world size from the epoch's global position
   (``rescale.py``); any other by drawing the handed-out batches again and dropping them.
+  A split stream (``ParquetIterableDataset``) on another number of ranks or workers is
+  split again from its epoch's global position (``stream_split.py``).
 * Each worker starts from its saved position; task ``k`` goes to the worker that would
   have run it (``k mod num_workers``). torch's own iterator always starts at worker 0, so
   in that mode dpex sends ``k mod num_workers`` empty padding batches first (map-style
@@ -60,6 +62,7 @@ class PendingResume:
     already_handed: list[int] = field(default_factory=list)
     sampler_state: Any = None
     distributed: DistributedPosition | None = None
+    stream: dict | None = None  # a split stream's position (stream_split.py), as saved
     main: dict | None = None
     fast_forward: int = 0  # batches to make again and drop (an iterable that cannot seek)
     global_at_save: torch.Tensor | None = None  # torch's global RNG when it was saved
@@ -87,7 +90,9 @@ class PendingResume:
         in_progress = status == fmt.IN_PROGRESS
         skip = state["batches_delivered"] if in_progress else 0
         same_workers = len(workers) == num_workers
-        if workers and not same_workers and is_iterable and in_progress:
+        sampler = state.get("sampler") or {}
+        stream = sampler.get("stream")  # a split stream re-splits on any num_workers
+        if workers and not same_workers and is_iterable and in_progress and not stream:
             raise ValueError(
                 f"the state was saved mid-epoch with num_workers={len(workers)} over an "
                 f"IterableDataset, whose replicas split the data by worker; this loader has "
@@ -105,7 +110,6 @@ class PendingResume:
             workers = []  # another num_workers: seeded afresh, deterministic for the count
         if source is None:  # version 1 without a generator: the saved base seed
             drawn = False
-        sampler = state.get("sampler") or {}
         distributed = sampler.get("distributed")
         main = state.get("main")
         resume = cls(
@@ -119,6 +123,7 @@ class PendingResume:
             already_handed=list(state.get("delivered_after") or []),
             sampler_state=sampler.get("state") if in_progress else None,
             distributed=DistributedPosition.from_plain(distributed) if distributed else None,
+            stream=stream,
             main=main, global_at_save=fmt.generator_state_from_plain(
                 state.get("global_rng_at_save")))
         seekable = (all(w.seekable for w in workers) if num_workers

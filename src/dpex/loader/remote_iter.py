@@ -131,7 +131,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._generator = loader.generator
         self._record: EpochRecord = loader._record
         resume: PendingResume | None = loader._take_pending_resume()
-        loader._distributed, rest, resume = resuming.begin_distributed(loader, resume)
+        loader._distributed, rest, resume = resuming.begin_epoch(loader, resume)
         self._record.start_epoch(
             self._generator, self._num_workers,
             base_seed_drawn=resume is None or resume.base_seed_drawn,
@@ -244,7 +244,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         if not first_iter:
             self._drain()
             self._share_next_epoch()
-            loader._distributed, _, _ = resuming.begin_distributed(loader, None)
+            loader._distributed, _, _ = resuming.begin_epoch(loader, None)
             self._record.start_epoch(self._generator, self._num_workers,
                                      base_seed_drawn=False, carry_workers=True,
                                      length=epoch_length(self._index_sampler, self._is_iterable),

@@ -16,10 +16,12 @@ from typing import Any
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset
 
 from dpex.epoch import state_format as fmt
-from dpex.epoch.torch_hooks import main_process_state
+from dpex.epoch.position import WorkerPosition
 from dpex.epoch.record import EpochRecord
 from dpex.epoch.rescale import DistributedPosition, describe_mismatch
 from dpex.epoch.resume import PendingResume, loader_facts
+from dpex.epoch.stream_split import StreamPosition, is_split_stream, replica_state
+from dpex.epoch.torch_hooks import main_process_state
 
 
 @dataclass
@@ -30,8 +32,20 @@ class DistributedEpoch:
     rank_samples: int  # this rank's samples in the segment
     batch_size: int
 
-    def now(self, delivered: int) -> DistributedPosition:
-        return self.position.consumed(min(delivered * self.batch_size, self.rank_samples))
+    def now(self, delivered: int) -> dict[str, Any]:
+        position = self.position.consumed(min(delivered * self.batch_size, self.rank_samples))
+        return {"distributed": position.to_plain()}
+
+
+@dataclass
+class StreamEpoch:
+    """A split stream's epoch position (stream_split.py), as this rank runs it."""
+
+    position: StreamPosition  # its last segment is this rank's split
+    rank: int
+
+    def now(self, delivered: int) -> dict[str, Any]:
+        return {"stream": {**self.position.consumed(delivered).to_plain(), "rank": self.rank}}
 
 
 def facts(loader: Any) -> dict[str, Any]:
@@ -43,9 +57,11 @@ def is_iterable(loader: Any) -> bool:
     return isinstance(loader.dataset, IterableDataset)
 
 
-def save(loader: Any, record: EpochRecord, distributed: DistributedEpoch | None) -> dict:
+def save(loader: Any, record: EpochRecord,
+         distributed: DistributedEpoch | StreamEpoch | None) -> dict:
     """``loader.state_dict()``: the record, plus the main process's dataset state
-    (``num_workers=0``) and a ``DistributedSampler``'s global position."""
+    (``num_workers=0``) and the epoch's global position (a ``DistributedSampler``'s or a
+    split stream's)."""
     if (not loader._uses_ray and not loader.in_order and loader.num_workers
             and record.status == fmt.IN_PROGRESS and record.delivered):
         # torch's iterator hands batches out of order and says nothing of which they were.
@@ -58,7 +74,9 @@ def save(loader: Any, record: EpochRecord, distributed: DistributedEpoch | None)
         main = main_process_state(loader.dataset)
     sampler = None
     if distributed is not None and record.status == fmt.IN_PROGRESS:
-        sampler = {"distributed": distributed.now(record.delivered).to_plain()}
+        sampler = distributed.now(record.delivered)
+    elif record.status == fmt.IN_PROGRESS and pipeline_world_size(loader.dataset):
+        sampler = {"pipeline_world_size": pipeline_world_size(loader.dataset)}
     return record.to_state_dict(loader.generator, facts(loader), main=main, sampler=sampler)
 
 
@@ -77,7 +95,81 @@ def load(loader: Any, state: Any) -> PendingResume:
         if mismatch:
             raise ValueError(f"the state's DistributedSampler differs from this loader's: "
                              f"{mismatch}")
+    if resume.stream is not None:
+        if not is_split_stream(loader.dataset):
+            raise ValueError(f"the state was saved over a split stream (such as "
+                             f"ParquetIterableDataset); this loader's dataset is "
+                             f"{type(loader.dataset).__name__}")
+        StreamPosition.from_plain(resume.stream)  # a ValueError now if it is not one
+    saved_ranks = (resume.plain.get("sampler") or {}).get("pipeline_world_size")
+    ranks = pipeline_world_size(loader.dataset)
+    if resume.status == fmt.IN_PROGRESS and saved_ranks and saved_ranks != ranks:
+        raise ValueError(
+            f"the state was saved mid-epoch on {saved_ranks} ranks, and this loader's "
+            f"pipeline splits its shards over {ranks}: a shard's samples are not known "
+            f"before it is read, so the rest of the epoch cannot be split again. Resume on "
+            f"{saved_ranks} ranks, or from a state saved at an epoch's end (a "
+            f"ParquetIterableDataset resumes on any number of ranks)")
     return resume
+
+
+def pipeline_world_size(dataset: Any) -> int | None:
+    """The world size a ``webdataset`` pipeline's rank split (a stage with ``rank`` and
+    ``world_size``: ``dpex.datasets.RankSplitter``) splits its shards over."""
+    for stage in getattr(dataset, "pipeline", None) or ():
+        if isinstance(getattr(stage, "world_size", None), int) and hasattr(stage, "rank"):
+            return stage.world_size
+    return None
+
+
+def begin_epoch(loader: Any, resume: PendingResume | None
+                ) -> tuple[DistributedEpoch | StreamEpoch | None, list[int] | None,
+                           PendingResume | None]:
+    """At an epoch's start: its global position, and how a state saved on another world
+    size (or number of workers, for a stream) resumes here. Returns (the position, this
+    rank's samples for the rest of a ``DistributedSampler`` epoch or None, the resume)."""
+    if is_split_stream(loader.dataset):
+        stream, resume = begin_stream(loader, resume)
+        return stream, None, resume
+    return begin_distributed(loader, resume)
+
+
+def begin_stream(loader: Any, resume: PendingResume | None
+                 ) -> tuple[StreamEpoch, PendingResume | None]:
+    """A split stream's epoch: on the saved split each replica goes on where it stood; on
+    another, every replica starts on what is left of the epoch (NOTE [ dpex Stream Resume
+    on Another Split ])."""
+    dataset, workers = loader.dataset, loader.num_workers
+    units = dataset.stream_units()
+    epoch = StreamPosition.start(dataset.epoch, units, dataset.world_size, workers,
+                                 loader.batch_size, loader.drop_last)
+    if resume is None or resume.stream is None or resume.status != fmt.IN_PROGRESS:
+        return StreamEpoch(epoch, dataset.rank), resume
+    saved = StreamPosition.from_plain(resume.stream)
+    mismatch = saved.describe_mismatch(units, dataset.epoch)
+    if mismatch:
+        raise ValueError(f"the state's stream differs from this loader's dataset: {mismatch}"
+                         f" (call set_epoch({saved.epoch}) on the dataset before iterating "
+                         f"the resumed epoch)")
+    position = saved.resumed_on(dataset.world_size, workers)
+    if position is saved and resume.stream.get("rank") == dataset.rank:
+        return StreamEpoch(position, dataset.rank), resume  # each replica where it stood
+    rest = position.split_rest(units)
+    if position is saved:  # another rank's state: this rank's replicas follow from counts
+        states = [replica_state(saved.epoch, rest, n)
+                  for n in position.yielded(units, dataset.rank)]
+        skip, next_worker = resume.skip, resume.next_worker
+    else:  # another split: every replica starts on what is left
+        states = [replica_state(saved.epoch, rest, 0)] * max(workers, 1)
+        skip, next_worker = 0, None
+    positions = [WorkerPosition(dataset_state=state) for state in states]
+    resume = replace(resume, skip=skip, next_worker=next_worker, fast_forward=0,
+                     workers=positions if workers else [],
+                     epoch_start=[WorkerPosition(dataset_state=replica_state(
+                         saved.epoch, rest, 0))] * workers,
+                     handed_out=[], already_handed=[], sampler_state=None,
+                     main=None if workers else {"dataset_state": states[0]})
+    return StreamEpoch(position, dataset.rank), resume
 
 
 def rescalable(loader: Any) -> bool:
