@@ -8,6 +8,9 @@ After every batch it reports a checkpoint holding the batches trained so far and
 tests/ray_train_script.py. ``config["die_at"]``
 (epoch, step) makes rank 0 of the first attempt exit there, as a killed worker would. At
 the end each rank writes what it trained, and facts about its loader, to ``config["out"]``.
+``config["stop_at"]`` (epoch, step) ends every rank's loop after that step's checkpoint (a
+job stopped there), and ``config["resized"]`` marks a job restored from another job's
+checkpoint on another number of workers (tests/ray_train_resize_script.py).
 """
 
 from __future__ import annotations
@@ -43,13 +46,20 @@ def train_loop(config: dict) -> None:
     facts["resumed"] = checkpoint is not None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            saved = torch.load(os.path.join(folder, f"rank{rank}.pt"), weights_only=False)
+            own = os.path.join(folder, f"rank{rank}.pt")
+            # A rank the saving job did not have (resized) loads rank 0's: ranks step together.
+            saved = torch.load(own if os.path.exists(own) else os.path.join(folder, "rank0.pt"),
+                               weights_only=False)
         epoch, trained = saved["epoch"], saved["trained"]
         loader.load_state_dict(saved["loader"])
         facts["resumed_at"] = [epoch, len(trained)]
+        if config.get("resized"):
+            trained = []  # this job's batches only: another job's ranks trained the rest
+    stop_at = tuple(config["stop_at"]) if config.get("stop_at") else None
     for epoch in range(epoch, EPOCHS):
-        loader.sampler.set_epoch(epoch)
-        for batch in loader:
+        if ray.train.get_context().get_world_size() > 1:  # Ray's recipe: a DistributedSampler
+            loader.sampler.set_epoch(epoch)
+        for step, batch in enumerate(loader):
             if (rank == 0 and checkpoint is None and config["die_at"] is not None
                     and (epoch, len(trained) % len(loader)) == tuple(config["die_at"])):
                 os._exit(1)  # mid-epoch, after the checkpoint of the batch before
@@ -57,6 +67,10 @@ def train_loop(config: dict) -> None:
             # The loader's state continues this epoch (after its last batch, with its empty
             # rest, as torchdata's StatefulDataLoader's does), so the epoch is saved as is.
             _report(rank, epoch, trained, loader, config["kind"])
+            if (epoch, step) == stop_at:
+                break  # the job is stopped here (preempted), after this step's checkpoint
+        if (epoch, step) == stop_at:
+            break
     if facts["on_ray"]:
         stats = iterated.stats()
         facts["nodes"] = sorted(stats.per_node)

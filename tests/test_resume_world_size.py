@@ -142,3 +142,30 @@ def test_the_resume_cost_benchmark_runs_at_a_tiny_size(capsys):
                        "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| load_state_dict(), another world size (ms) |" in out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_one_process_without_a_distributed_sampler_finishes_the_jobs_epoch(shuffle):
+    """Ray Train and accelerate give a job of one process no DistributedSampler: its loader
+    (torch's RandomSampler or SequentialSampler) finishes the saved epoch as its one rank,
+    then goes on with its own sampler; saved again mid-way, it resumes on 3 ranks."""
+    seen, states = interrupted(4, 1, shuffle, False)
+
+    def one_process():
+        return dpex.DataLoader(RangeDataset(N), batch_size=BATCH, shuffle=shuffle)
+
+    loader = one_process()
+    loader.load_state_dict(states[0])
+    it = iter(loader)
+    first = [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    rest = list(it)
+    counts = Counter(samples(seen + first + rest))
+    assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
+    again = one_process()
+    again.load_state_dict(state)
+    assert_batches_equal(rest, list(again))
+    assert sorted(samples(again)) == list(range(N))  # the next epoch: its own sampler's
+    grown = resumed(3, 1, shuffle, False, [state])
+    counts = Counter(samples(seen + first + [b for r in grown for b in r]))
+    assert set(range(N)) == set(counts) and max(counts.values()) <= 2  # padding repeats

@@ -13,7 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset
+from torch.utils.data import (
+    BatchSampler,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
 
 from dpex.epoch import state_format as fmt
 from dpex.epoch.position import WorkerPosition
@@ -31,9 +37,11 @@ class DistributedEpoch:
     position: DistributedPosition  # at the start of the world size's segment
     rank_samples: int  # this rank's samples in the segment
     batch_size: int
+    consumed_before: int = 0  # of them, consumed before this iterator (one rank going on)
 
     def now(self, delivered: int) -> dict[str, Any]:
-        position = self.position.consumed(min(delivered * self.batch_size, self.rank_samples))
+        position = self.position.consumed(min(self.consumed_before + delivered * self.batch_size,
+                                              self.rank_samples))
         return {"distributed": position.to_plain()}
 
 
@@ -77,17 +85,27 @@ def save(loader: Any, record: EpochRecord,
         sampler = distributed.now(record.delivered)
     elif record.status == fmt.IN_PROGRESS and pipeline_world_size(loader.dataset):
         sampler = {"pipeline_world_size": pipeline_world_size(loader.dataset)}
-    return record.to_state_dict(loader.generator, facts(loader), main=main, sampler=sampler)
+    now = facts(loader)
+    if sampler and "distributed" in sampler:  # also one rank going on with a job's epoch
+        now["sampler"] = DISTRIBUTED_KIND
+    return record.to_state_dict(loader.generator, now, main=main, sampler=sampler)
 
 
 def load(loader: Any, state: Any) -> PendingResume:
     """Check ``state`` against ``loader`` and read it (ValueError naming what differs)."""
+    now = facts(loader)
+    saved_sampler = ((fmt.upgrade(state) if isinstance(state, dict) else {}).get("loader")
+                     or {}).get("sampler")
+    if saved_sampler == DISTRIBUTED_KIND and one_rank_of_a_job(loader):
+        now["sampler"] = saved_sampler  # the job went on in one process (begin_distributed)
     resume = PendingResume.from_state_dict(
         state, generator=loader.generator, num_workers=loader.num_workers,
         persistent_workers=loader.persistent_workers, is_iterable=is_iterable(loader),
-        facts=facts(loader))
+        facts=now)
     if resume.distributed is not None:
         sampler = loader.sampler
+        if one_rank_of_a_job(loader):
+            return resume
         if not rescalable(loader):
             raise ValueError(f"the state was saved over a DistributedSampler; this loader's "
                              f"sampler is {type(sampler).__name__}")
@@ -174,19 +192,41 @@ def begin_stream(loader: Any, resume: PendingResume | None
 
 def rescalable(loader: Any) -> bool:
     """torch's own ``DistributedSampler`` and batching: what ``rescale.py`` reproduces."""
-    return type(loader.sampler) is DistributedSampler and (
-        loader.batch_sampler is None or type(loader.batch_sampler) is BatchSampler)
+    return type(loader.sampler) is DistributedSampler and _torch_batching(loader)
+
+
+def one_rank_of_a_job(loader: Any) -> bool:
+    """A map-style loader with torch's own one-process sampler and batching: a job of one
+    process (Ray Train and accelerate add no ``DistributedSampler`` for one), which resumes
+    a ``DistributedSampler`` epoch as its one rank."""
+    return (not is_iterable(loader) and type(loader.sampler) in (RandomSampler, SequentialSampler)
+            and _torch_batching(loader))
+
+
+def _torch_batching(loader: Any) -> bool:
+    return loader.batch_sampler is None or type(loader.batch_sampler) is BatchSampler
+
+
+DISTRIBUTED_KIND = f"{DistributedSampler.__module__}.{DistributedSampler.__qualname__}"
 
 
 def begin_distributed(loader: Any, resume: PendingResume | None
                       ) -> tuple[DistributedEpoch | None, list[int] | None, PendingResume | None]:
     """At an epoch's start: its global position, and for a state saved on another world
     size this rank's samples for the rest of the epoch (then ``resume`` skips nothing)."""
-    if not rescalable(loader):
-        return None, None, resume
-    sampler = loader.sampler
     batch_size = loader.batch_size or 1
     saved = resume.distributed if resume is not None else None
+    if not rescalable(loader):
+        if saved is None or resume.status != fmt.IN_PROGRESS or not one_rank_of_a_job(loader):
+            return None, None, resume
+        # The rest of a DistributedSampler epoch, on one rank; the epochs after it are this
+        # loader's own sampler's.
+        position = saved.resumed_on(1)
+        rest = position.rank_indices(0)
+        done = position.segments[-1][1]
+        return (DistributedEpoch(position, done + len(rest), batch_size, done), rest,
+                _rest_only(resume))
+    sampler = loader.sampler
     if saved is None or resume.status != fmt.IN_PROGRESS:
         return DistributedEpoch(DistributedPosition.start(sampler), len(sampler), batch_size), \
             None, resume
@@ -198,8 +238,11 @@ def begin_distributed(loader: Any, resume: PendingResume | None
     if position.segments == saved.segments:  # the same world size: torch's own split
         return DistributedEpoch(saved, len(sampler), batch_size), None, resume
     rest = position.rank_indices(sampler.rank)
-    # The rest of the epoch is this rank's new list: nothing to skip, and the workers'
-    # positions (another world's) are dropped for a fresh, deterministic seeding.
-    resume = replace(resume, skip=0, workers=[], already_handed=[], sampler_state=None,
-                     next_worker=None)
-    return DistributedEpoch(position, len(rest), batch_size), rest, resume
+    return DistributedEpoch(position, len(rest), batch_size), rest, _rest_only(resume)
+
+
+def _rest_only(resume: PendingResume) -> PendingResume:
+    """The rest of the epoch is this rank's new list: nothing to skip, and the workers'
+    positions (another world's) are dropped for a fresh, deterministic seeding."""
+    return replace(resume, skip=0, workers=[], already_handed=[], sampler_state=None,
+                   next_worker=None)
