@@ -196,7 +196,7 @@ def test_the_pure_modules_are_the_policies_and_the_epochs_state():
             "dpex.elastic.growth_policy", "dpex.elastic.store_budget", "dpex.epoch.resume",
             "dpex.epoch.seeding", "dpex.epoch.record", "dpex.epoch.state_format",
             "dpex.epoch.position", "dpex.epoch.sampler_cursor", "dpex.epoch.rescale",
-            "dpex.epoch.stream_split",
+            "dpex.epoch.stream_split", "dpex.epoch.batch_shards",
             "dpex.epoch.torch_hooks", "dpex.observe.delivery", "dpex.observe.stats",
             "dpex.workers.fetcher", "dpex.workers.errors", "dpex.nested",
             "dpex.cache.policy", "dpex.cache.reads", "dpex.cache.entries"} <= set(PURE)

@@ -31,13 +31,14 @@ the next one. Resuming:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from dpex.epoch import state_format as fmt
+from dpex.epoch.batch_shards import ShardedPosition
 from dpex.epoch.position import WorkerPosition
 from dpex.epoch.rescale import DistributedPosition
 from dpex.epoch.sampler_cursor import IndexCursor, batched
@@ -63,6 +64,7 @@ class PendingResume:
     sampler_state: Any = None
     distributed: DistributedPosition | None = None
     stream: dict | None = None  # a split stream's position (stream_split.py), as saved
+    shards: ShardedPosition | None = None  # sharded batches' position (batch_shards.py)
     main: dict | None = None
     fast_forward: int = 0  # batches to make again and drop (an iterable that cannot seek)
     global_at_save: torch.Tensor | None = None  # torch's global RNG when it was saved
@@ -124,6 +126,8 @@ class PendingResume:
             sampler_state=sampler.get("state") if in_progress else None,
             distributed=DistributedPosition.from_plain(distributed) if distributed else None,
             stream=stream,
+            shards=ShardedPosition.from_plain(sampler["shards"]) if sampler.get("shards")
+            else None,
             main=main, global_at_save=fmt.generator_state_from_plain(
                 state.get("global_rng_at_save")))
         seekable = (all(w.seekable for w in workers) if num_workers
@@ -200,12 +204,15 @@ class EpochStart:
 
 
 def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
-                pad: int = 0, pad_item: Any = None, rest: list[int] | None = None,
+                pad: int = 0, pad_item: Any = None,
+                rest: list[int] | Callable[[], Iterator[Any]] | None = None,
                 batch_size: int | None = None, drop_last: bool = False,
                 in_this_process: bool = False) -> EpochStart:
     """The epoch's base seed and index batches, the first ones drawn as the saved epoch
     drew them (module doc). ``rest``: a rank's samples for the rest of a
-    ``DistributedSampler`` epoch resumed on another world size (rescale.py), batched here.
+    ``DistributedSampler`` epoch resumed on another world size (rescale.py), batched here;
+    or a callable making a process's batches of sharded batches (batch_shards.py), called
+    where the epoch's draws are made.
     ``in_this_process``: the batches are made here (``num_workers=0``), so a fast-forward
     makes the epoch's draws again from its start, in this process's global RNG.
     """
@@ -240,10 +247,13 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
                     or (resume.fast_forward and not in_this_process))
     with global_rng_at(start_state, put_back=not at_start,
                        after=None if at_start else resume.global_at_save):
-        if rest is not None:
+        if callable(rest):  # a process's batches made from the epoch's order, drawn here
             cursor, skip = None, 0
-            batches: Iterator[Any] = (iter(rest) if batch_size is None
-                                      else batched(rest, batch_size, drop_last))
+            batches: Iterator[Any] = _made_later(rest)
+        elif rest is not None:
+            cursor, skip = None, 0
+            batches = (iter(rest) if batch_size is None
+                       else batched(rest, batch_size, drop_last))
         else:
             cursor = IndexCursor(index_sampler, resume.sampler_state)
             skip = 0 if resume.sampler_state is not None else resume.skip
@@ -253,6 +263,10 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
         if start_state is not None:
             batches = drawn_now(batches)
     return EpochStart(base_seed, _padded(batches, pad, pad_item), cursor, torch_generator)
+
+
+def _made_later(make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    yield from make()
 
 
 def _padded(batches: Iterator[Any], pad: int, pad_item: Any) -> Iterator[Any]:

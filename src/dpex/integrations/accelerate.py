@@ -16,12 +16,15 @@ and ``worker_options``. Everything accelerate does around it stays accelerate's:
 
 The prepared loader's ``state_dict()`` / ``load_state_dict()`` are dpex's (accelerate keeps
 the state of the batches handed out, one batch behind its look-ahead), so a mid-epoch
-resume is bitwise. A result dpex cannot reach inside (accelerate's XLA wrapper) falls back
+resume is bitwise. With ``DataLoaderConfiguration(use_stateful_dataloader=True)``,
+``save_state`` / ``load_state`` keep it, as they keep torchdata's loader's (torchdata is not
+needed), also when the job comes back on another number of processes. A result dpex cannot reach inside (accelerate's XLA wrapper) falls back
 to torch's loader, with one warning saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -51,10 +54,16 @@ class Accelerator(accelerate.Accelerator):
     """
 
     def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
-        with rebuilt.rebuild_expected():
+        stateful = self.use_stateful_dataloader and isinstance(data_loader, DpexDataLoader)
+        with rebuilt.rebuild_expected(), _stateful_off(self, stateful):
             prepared = super().prepare_data_loader(data_loader, device_placement,
                                                    slice_fn_for_dispatch)
-        return keep_on_ray(prepared, data_loader)
+        prepared = keep_on_ray(prepared, data_loader)
+        if stateful and isinstance(prepared, DataLoaderAdapter):
+            # save_state / load_state keep the dpex loader's state, as they keep torchdata's
+            # StatefulDataLoader's (which a dpex loader does not need).
+            prepared.use_stateful_dataloader = True
+        return prepared
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
         with rebuilt.rebuild_expected():
@@ -100,6 +109,22 @@ def keep_on_ray(prepared: Any, original: Any) -> Any:
 
 def _no_adjustment() -> None:
     pass
+
+
+@contextlib.contextmanager
+def _stateful_off(accelerator: accelerate.Accelerator, off: bool):
+    """accelerate builds its loader around torchdata's StatefulDataLoader where
+    ``use_stateful_dataloader`` is set (an ImportError without torchdata); dpex replaces
+    that loader with its own, so it is built around torch's."""
+    config = accelerator.dataloader_config
+    if not off:
+        yield
+        return
+    config.use_stateful_dataloader = False
+    try:
+        yield
+    finally:
+        config.use_stateful_dataloader = True
 
 
 def _warn_fallback(prepared: Any) -> None:

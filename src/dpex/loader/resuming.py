@@ -22,6 +22,7 @@ from torch.utils.data import (
 )
 
 from dpex.epoch import state_format as fmt
+from dpex.epoch.batch_shards import ShardedPosition, is_batch_shard
 from dpex.epoch.position import WorkerPosition
 from dpex.epoch.record import EpochRecord
 from dpex.epoch.rescale import DistributedPosition, describe_mismatch
@@ -56,9 +57,23 @@ class StreamEpoch:
         return {"stream": {**self.position.consumed(delivered).to_plain(), "rank": self.rank}}
 
 
+@dataclass
+class ShardEpoch:
+    """An epoch of batches sharded over processes (batch_shards.py), as this one runs it."""
+
+    position: ShardedPosition  # at the start of the process count's segment
+    consumed_before: int = 0  # this process's batches of it before this iterator
+
+    def now(self, delivered: int) -> dict[str, Any]:
+        return {"shards": self.position.consumed(self.consumed_before + delivered).to_plain()}
+
+
 def facts(loader: Any) -> dict[str, Any]:
+    index_sampler = loader._base_index_sampler
+    if is_batch_shard(index_sampler):  # the same facts in a job of any number of processes
+        index_sampler = index_sampler.batch_sampler
     return loader_facts(loader.dataset, is_iterable(loader), loader.batch_size, loader.drop_last,
-                        loader._base_index_sampler, loader.generator)
+                        index_sampler, loader.generator)
 
 
 def is_iterable(loader: Any) -> bool:
@@ -149,7 +164,47 @@ def begin_epoch(loader: Any, resume: PendingResume | None
     if is_split_stream(loader.dataset):
         stream, resume = begin_stream(loader, resume)
         return stream, None, resume
+    if is_batch_shard(loader._base_index_sampler) or (
+            resume is not None and resume.shards is not None):
+        return begin_shards(loader, resume)
     return begin_distributed(loader, resume)
+
+
+def begin_shards(loader: Any, resume: PendingResume | None
+                 ) -> tuple[ShardEpoch | None, Any, PendingResume | None]:
+    """An epoch of batches sharded over processes: on accelerate's own split the loader's
+    batch sampler goes on; on another process count (or after one), this process's batches
+    come from the epoch's order drawn again (NOTE [ dpex Resume of Sharded Batches on
+    Another Process Count ]). The second value is then a callable making them."""
+    index_sampler = loader._base_index_sampler
+    shard = index_sampler if is_batch_shard(index_sampler) else None
+    inner = shard.batch_sampler if shard is not None else index_sampler
+    processes, process = (shard.num_processes, shard.process_index) if shard else (1, 0)
+    saved = resume.shards if resume is not None and resume.status == fmt.IN_PROGRESS else None
+    if saved is None:
+        if shard is None:
+            return None, None, resume
+        return ShardEpoch(ShardedPosition.start(
+            len(loader.dataset), inner.batch_size, bool(inner.drop_last),
+            bool(shard.even_batches), processes)), None, resume
+    if shard is None and not one_rank_of_a_job(loader):
+        raise ValueError(f"the state was saved over batches sharded by process "
+                         f"(accelerate); this loader's batch sampler is "
+                         f"{type(index_sampler).__name__}")
+    if saved.dataset_len != len(loader.dataset) or saved.batch_size != inner.batch_size:
+        raise ValueError(f"the state's sharded batches differ from this loader's: dataset "
+                         f"length saved {saved.dataset_len}, now {len(loader.dataset)}; batch "
+                         f"size saved {saved.batch_size}, now {inner.batch_size}")
+    position = saved.resumed_on(processes)
+    if position is saved and len(saved.segments) == 1:  # accelerate's own split goes on
+        return ShardEpoch(saved), None, resume
+
+    def this_process_batches():
+        order = [i for batch in inner for i in batch]  # the epoch's order, drawn again
+        return position.process_batches(order, process)
+
+    return (ShardEpoch(position, position.segments[-1][1]), this_process_batches,
+            _rest_only(resume))
 
 
 def begin_stream(loader: Any, resume: PendingResume | None
