@@ -4,8 +4,10 @@ SIGKILL mid-epoch; its second run, on fewer ranks, loads the last checkpoint.
 
 Rank 0 alone writes the checkpoint, as JSON: the epoch it is in and its loader's state.
 Each rank appends what it trained on (step, sample ids) to ``OUT/seen-<run>-rank<r>.jsonl``.
+DATA is ``map`` (a map-style dataset under torch's DistributedSampler) or ``parquet`` (a
+``ParquetIterableDataset`` of the Parquet files in ``OUT/data``, split by rank and worker).
 
-    torchrun --standalone --nproc_per_node=W tests/elastic_resume_script.py OUT RUN [DIE_AT]
+    torchrun --standalone --nproc_per_node=W tests/elastic_resume_script.py OUT RUN DATA [DIE_AT]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
 import dpex
+from dpex.datasets import ParquetIterableDataset
 from helpers import AugmentedDataset
 
 NUM_SAMPLES = 96  # a multiple of 4 and 2: no padding in either run
@@ -28,11 +31,16 @@ EPOCHS = 2
 CHECKPOINT_EVERY = 2
 
 
-def main(out: str, run: str, die_at: int | None) -> None:
+def main(out: str, run: str, data: str, die_at: int | None) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    dataset = AugmentedDataset(NUM_SAMPLES)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=11)
+    if data == "map":
+        dataset, key = AugmentedDataset(NUM_SAMPLES), "y"
+        sampler = epochs = DistributedSampler(dataset, shuffle=True, seed=11)
+    else:  # the rank and world size come from torch.distributed
+        dataset, key, sampler = ParquetIterableDataset(
+            os.path.join(out, "data"), columns=["id"], shuffle=True, seed=11), "id", None
+        epochs = dataset  # its set_epoch changes the shuffle, as DistributedSampler's
     loader = dpex.DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=2,
                              distribute_mode=True)
     checkpoint = os.path.join(out, "checkpoint.json")
@@ -45,13 +53,13 @@ def main(out: str, run: str, die_at: int | None) -> None:
     log = open(os.path.join(out, f"seen-{run}-rank{rank}.jsonl"), "a")
     step = 0
     for epoch in range(start, EPOCHS):
-        sampler.set_epoch(epoch)
+        epochs.set_epoch(epoch)
         for batch in loader:
             step += 1
             if die_at is not None and rank == 1 and step == die_at:
                 os.kill(os.getpid(), signal.SIGKILL)  # a lost node, mid-epoch
             log.write(json.dumps({"epoch": epoch, "step": step,
-                                  "ids": batch["y"].tolist()}) + "\n")
+                                  "ids": batch[key].tolist()}) + "\n")
             log.flush()
             dist.barrier()  # the ranks step together, as DDP's all-reduce makes them
             if step % CHECKPOINT_EVERY == 0 and rank == 0:
@@ -65,4 +73,4 @@ def main(out: str, run: str, die_at: int | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else None)

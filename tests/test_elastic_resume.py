@@ -1,7 +1,9 @@
 """A whole elastic restart in fresh interpreters: a torchrun job of 4 ranks checkpoints
 every 2 steps and loses a rank to SIGKILL mid-epoch; the job restarted on 2 ranks loads the
 last checkpoint (rank 0's, in JSON). Across both runs each sample of the interrupted epoch
-is trained on exactly once, and the next epoch is DistributedSampler's for 2 ranks."""
+is trained on exactly once, and the next epoch is the 2 ranks' own: DistributedSampler's
+over a map-style dataset, and every row once over a ParquetIterableDataset (24 row groups
+of 4 rows: every rank and worker gets as many, so the ranks step together to the end)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 from conftest import SRC_DIR, TESTS_DIR, user_env
+from shard_helpers import write_parquet_dir
 from elastic_resume_script import CHECKPOINT_EVERY, NUM_SAMPLES
 
 pytestmark = pytest.mark.slow
@@ -41,14 +44,17 @@ def trained(out, run: str) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
-def test_a_job_killed_on_4_ranks_resumes_on_2_with_each_sample_once(tmp_path):
-    first = torchrun(4, tmp_path, "first", str(DIE_AT))
+@pytest.mark.parametrize("data", ["map", "parquet"])
+def test_a_job_killed_on_4_ranks_resumes_on_2_with_each_sample_once(tmp_path, data):
+    if data == "parquet":
+        write_parquet_dir(str(tmp_path / "data"), [48, 48], row_group_size=4)
+    first = torchrun(4, tmp_path, "first", data, str(DIE_AT))
     assert first.returncode != 0, "a rank was killed"
     with open(tmp_path / "checkpoint.json") as f:
         saved = json.load(f)
     assert (saved["epoch"], saved["step"]) == (0, DIE_AT - 1)
     assert saved["step"] % CHECKPOINT_EVERY == 0
-    second = torchrun(2, tmp_path, "second")
+    second = torchrun(2, tmp_path, "second", data)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     # What the first run trained on up to its last checkpoint counts; what came after it
     # is trained again from the checkpoint, as a real job would.
@@ -58,6 +64,11 @@ def test_a_job_killed_on_4_ranks_resumes_on_2_with_each_sample_once(tmp_path):
                for i in row["ids"]]
     assert len(kept) == 4 * 4 * saved["step"]
     assert sorted(kept + resumed) == list(range(NUM_SAMPLES)), "each sample once"
+    if data == "parquet":
+        epoch1 = [i for row in trained(tmp_path, "second") if row["epoch"] == 1
+                  for i in row["ids"]]
+        assert sorted(epoch1) == list(range(NUM_SAMPLES))
+        return
     for rank in range(2):  # the next epoch: DistributedSampler's own for 2 ranks
         sampler = DistributedSampler(range(NUM_SAMPLES), num_replicas=2, rank=rank,
                                      shuffle=True, seed=11)
