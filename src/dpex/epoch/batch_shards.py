@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dpex.epoch.state_format import read_versioned
+
 _VERSION = 1
 
 
@@ -117,13 +119,6 @@ class ShardedPosition:
     @classmethod
     def from_plain(cls, plain: Any) -> ShardedPosition:
         """The position ``to_plain`` wrote; ``ValueError`` naming a missing or bad field."""
-        if not isinstance(plain, dict) or plain.get("version") != _VERSION:
-            raise ValueError(f"a sharded-batches position of version {_VERSION} is a dict "
-                             f"with 'version': {_VERSION}, got {plain!r:.200}")
-        try:
-            return cls(int(plain["dataset_len"]), int(plain["batch_size"]),
-                       bool(plain["drop_last"]), bool(plain["even_batches"]),
-                       tuple((int(p), int(b)) for p, b in plain["segments"]))
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"a sharded-batches position with a missing or bad field: "
-                             f"{error!r}") from None
+        return read_versioned(plain, _VERSION, "a sharded-batches position", lambda p: cls(
+            int(p["dataset_len"]), int(p["batch_size"]), bool(p["drop_last"]),
+            bool(p["even_batches"]), tuple((int(n), int(b)) for n, b in p["segments"])))

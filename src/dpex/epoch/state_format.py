@@ -13,12 +13,15 @@ read into version 2's shape by ``upgrade``.
 from __future__ import annotations
 
 import base64
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from dpex.epoch.seeding import RngState
+
+T = TypeVar("T")
 
 STATE_VERSION = 2
 
@@ -118,3 +121,15 @@ def upgrade(state: Any) -> dict[str, Any]:
         "sampler": None,
         "loader": None,
     }
+
+
+def read_versioned(plain: Any, version: int, what: str, build: Callable[[dict], T]) -> T:
+    """``build(plain)`` for a dict of ``version`` (a position another module wrote); a
+    ValueError naming what is wrong otherwise."""
+    if not isinstance(plain, dict) or plain.get("version") != version:
+        raise ValueError(f"{what} of version {version} is a dict with 'version': {version}, "
+                         f"got {plain!r:.200}")
+    try:
+        return build(plain)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{what} with a missing or bad field: {error!r}") from None

@@ -49,6 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dpex.epoch.state_format import read_versioned
+
 _VERSION = 1
 
 Unit = tuple[int, int]  # (unit id, items skipped at its start)
@@ -218,16 +220,10 @@ class StreamPosition:
     @classmethod
     def from_plain(cls, plain: Any) -> StreamPosition:
         """The position ``to_plain`` wrote; ``ValueError`` naming a missing or bad field."""
-        if not isinstance(plain, dict) or plain.get("version") != _VERSION:
-            raise ValueError(f"a stream position of version {_VERSION} is a dict with "
-                             f"'version': {_VERSION}, got {plain!r:.200}")
-        try:
-            segments = tuple(Segment(int(w), int(n), int(b)) for w, n, b in plain["segments"])
-            return cls(int(plain["epoch"]), int(plain["units"]), int(plain["items"]),
-                       plain["batch_size"], bool(plain["drop_last"]), segments)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"a stream position with a missing or bad field: {error!r}") \
-                from None
+        return read_versioned(plain, _VERSION, "a stream position", lambda p: cls(
+            int(p["epoch"]), int(p["units"]), int(p["items"]), p["batch_size"],
+            bool(p["drop_last"]),
+            tuple(Segment(int(w), int(n), int(b)) for w, n, b in p["segments"])))
 
     def describe_mismatch(self, units: Sequence[tuple[int, int]], epoch: int) -> str | None:
         """None when a stream with ``units`` at ``epoch`` can resume this position."""
