@@ -148,7 +148,7 @@ class DataLoader(TorchDataLoader):
         self._result_sizes: dict = {}
         self._pending_resume: PendingResume | None = None
         self._epoch_sampler: EpochSampler | None = None  # what torch's iterator reads
-        self._distributed: resuming.DistributedEpoch | resuming.StreamEpoch | None = None
+        self._distributed: resuming.EpochPosition | None = None
         self._ray_iterator = None
         self._growth = None  # this loader's ask to the cluster's autoscaler (cluster_growth)
         self._move_policy = MovePolicy()  # the rebalancer's evidence and rests, across epochs

@@ -18,8 +18,9 @@ The prepared loader's ``state_dict()`` / ``load_state_dict()`` are dpex's (accel
 the state of the batches handed out, one batch behind its look-ahead), so a mid-epoch
 resume is bitwise. With ``DataLoaderConfiguration(use_stateful_dataloader=True)``,
 ``save_state`` / ``load_state`` keep it, as they keep torchdata's loader's (torchdata is not
-needed), also when the job comes back on another number of processes. A result dpex cannot reach inside (accelerate's XLA wrapper) falls back
-to torch's loader, with one warning saying so.
+needed), also when the job comes back on another number of processes. A result dpex
+cannot reach inside (accelerate's XLA wrapper) falls back to torch's loader, with one
+warning saying so.
 """
 
 from __future__ import annotations

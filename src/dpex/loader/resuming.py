@@ -80,11 +80,13 @@ def is_iterable(loader: Any) -> bool:
     return isinstance(loader.dataset, IterableDataset)
 
 
-def save(loader: Any, record: EpochRecord,
-         distributed: DistributedEpoch | StreamEpoch | None) -> dict:
+EpochPosition = DistributedEpoch | StreamEpoch | ShardEpoch
+
+
+def save(loader: Any, record: EpochRecord, distributed: EpochPosition | None) -> dict:
     """``loader.state_dict()``: the record, plus the main process's dataset state
-    (``num_workers=0``) and the epoch's global position (a ``DistributedSampler``'s or a
-    split stream's)."""
+    (``num_workers=0``) and the epoch's global position (a ``DistributedSampler``'s, a split
+    stream's, or sharded batches')."""
     if (not loader._uses_ray and not loader.in_order and loader.num_workers
             and record.status == fmt.IN_PROGRESS and record.delivered):
         # torch's iterator hands batches out of order and says nothing of which they were.
@@ -96,10 +98,11 @@ def save(loader: Any, record: EpochRecord,
     if loader.num_workers == 0:
         main = main_process_state(loader.dataset)
     sampler = None
+    ranks = pipeline_world_size(loader.dataset)
     if distributed is not None and record.status == fmt.IN_PROGRESS:
         sampler = distributed.now(record.delivered)
-    elif record.status == fmt.IN_PROGRESS and pipeline_world_size(loader.dataset):
-        sampler = {"pipeline_world_size": pipeline_world_size(loader.dataset)}
+    elif record.status == fmt.IN_PROGRESS and ranks:
+        sampler = {"pipeline_world_size": ranks}
     now = facts(loader)
     if sampler and "distributed" in sampler:  # also one rank going on with a job's epoch
         now["sampler"] = DISTRIBUTED_KIND
@@ -156,11 +159,10 @@ def pipeline_world_size(dataset: Any) -> int | None:
 
 
 def begin_epoch(loader: Any, resume: PendingResume | None
-                ) -> tuple[DistributedEpoch | StreamEpoch | None, list[int] | None,
-                           PendingResume | None]:
+                ) -> tuple[EpochPosition | None, Any, PendingResume | None]:
     """At an epoch's start: its global position, and how a state saved on another world
-    size (or number of workers, for a stream) resumes here. Returns (the position, this
-    rank's samples for the rest of a ``DistributedSampler`` epoch or None, the resume)."""
+    size (or number of workers, for a stream) resumes here. Returns (the position, what
+    ``resume.start_epoch`` takes as ``rest`` or None, the resume)."""
     if is_split_stream(loader.dataset):
         stream, resume = begin_stream(loader, resume)
         return stream, None, resume
