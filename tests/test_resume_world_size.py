@@ -169,3 +169,29 @@ def test_one_process_without_a_distributed_sampler_finishes_the_jobs_epoch(shuff
     grown = resumed(3, 1, shuffle, False, [state])
     counts = Counter(samples(seen + first + [b for r in grown for b in r]))
     assert set(range(N)) == set(counts) and max(counts.values()) <= 2  # padding repeats
+
+
+def test_in_order_false_resumes_only_from_a_ranks_own_state_on_the_same_world_size(ray_local):
+    """Each rank hands its batches out in its own order: another rank's state, or another
+    world size, would lose or repeat samples, so it raises (saved at the epoch's end, any)."""
+    states = []
+    for rank in range(2):
+        sampler = DistributedSampler(RangeDataset(N), num_replicas=2, rank=rank, seed=5)
+        loader = dpex.DataLoader(RangeDataset(N), batch_size=BATCH, sampler=sampler,
+                                 num_workers=2, in_order=False, distribute_mode=True)
+        it = iter(loader)
+        next(it)
+        states.append(loader.state_dict())
+        del it
+    for world, rank, state in ((3, 0, states[0]), (2, 1, states[0])):
+        sampler = DistributedSampler(RangeDataset(N), num_replicas=world, rank=rank, seed=5)
+        loader = dpex.DataLoader(RangeDataset(N), batch_size=BATCH, sampler=sampler,
+                                 num_workers=2, in_order=False, distribute_mode=True)
+        loader.load_state_dict(state)
+        with pytest.raises(ValueError, match="in_order=False.*own state"):
+            iter(loader)
+    sampler = DistributedSampler(RangeDataset(N), num_replicas=2, rank=1, seed=5)
+    own = dpex.DataLoader(RangeDataset(N), batch_size=BATCH, sampler=sampler, num_workers=2,
+                          in_order=False, distribute_mode=True)
+    own.load_state_dict(states[1])
+    assert len(samples(own)) == len(sampler) - BATCH

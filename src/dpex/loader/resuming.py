@@ -38,6 +38,7 @@ class DistributedEpoch:
     position: DistributedPosition  # at the start of the world size's segment
     rank_samples: int  # this rank's samples in the segment
     batch_size: int
+    rank: int
     consumed_before: int = 0  # of them, consumed before this iterator (one rank going on)
 
     def now(self, delivered: int) -> dict[str, Any]:
@@ -62,6 +63,7 @@ class ShardEpoch:
     """An epoch of batches sharded over processes (batch_shards.py), as this one runs it."""
 
     position: ShardedPosition  # at the start of the process count's segment
+    rank: int  # this process's index
     consumed_before: int = 0  # this process's batches of it before this iterator
 
     def now(self, delivered: int) -> dict[str, Any]:
@@ -101,6 +103,8 @@ def save(loader: Any, record: EpochRecord, distributed: EpochPosition | None) ->
     ranks = pipeline_world_size(loader.dataset)
     if distributed is not None and record.status == fmt.IN_PROGRESS:
         sampler = distributed.now(record.delivered)
+        if not loader.in_order:  # only this rank's own state can resume it (_check_in_order)
+            sampler.update(in_order=False, rank=distributed.rank)
     elif record.status == fmt.IN_PROGRESS and ranks:
         sampler = {"pipeline_world_size": ranks}
     now = facts(loader)
@@ -188,7 +192,7 @@ def begin_shards(loader: Any, resume: PendingResume | None
             return None, None, resume
         return ShardEpoch(ShardedPosition.start(
             len(loader.dataset), inner.batch_size, bool(inner.drop_last),
-            bool(shard.even_batches), processes)), None, resume
+            bool(shard.even_batches), processes), process), None, resume
     if shard is None and not one_rank_of_a_job(loader):
         raise ValueError(f"the state was saved over batches sharded by process "
                          f"(accelerate); this loader's batch sampler is "
@@ -199,13 +203,15 @@ def begin_shards(loader: Any, resume: PendingResume | None
                          f"size saved {saved.batch_size}, now {inner.batch_size}")
     position = saved.resumed_on(processes)
     if position is saved and len(saved.segments) == 1:  # accelerate's own split goes on
-        return ShardEpoch(saved), None, resume
+        _check_in_order(resume, process, rescaled=False)
+        return ShardEpoch(saved, process), None, resume
+    _check_in_order(resume, process, rescaled=True)
 
     def this_process_batches():
         order = [i for batch in inner for i in batch]  # the epoch's order, drawn again
         return position.process_batches(order, process)
 
-    return (ShardEpoch(position, position.segments[-1][1]), this_process_batches,
+    return (ShardEpoch(position, process, position.segments[-1][1]), this_process_batches,
             _rest_only(resume))
 
 
@@ -229,6 +235,7 @@ def begin_stream(loader: Any, resume: PendingResume | None
     position = saved.resumed_on(dataset.world_size, workers)
     if position is saved and resume.stream.get("rank") == dataset.rank:
         return StreamEpoch(position, dataset.rank), resume  # each replica where it stood
+    _check_in_order(resume, dataset.rank, rescaled=True)
     rest = position.split_rest(units)
     if position is saved:  # another rank's state: this rank's replicas follow from counts
         states = [replica_state(saved.epoch, rest, n)
@@ -281,11 +288,13 @@ def begin_distributed(loader: Any, resume: PendingResume | None
         position = saved.resumed_on(1)
         rest = position.rank_indices(0)
         done = position.segments[-1][1]
-        return (DistributedEpoch(position, done + len(rest), batch_size, done), rest,
+        _check_in_order(resume, 0, rescaled=position.segments != saved.segments)
+        return (DistributedEpoch(position, done + len(rest), batch_size, 0, done), rest,
                 _rest_only(resume))
     sampler = loader.sampler
     if saved is None or resume.status != fmt.IN_PROGRESS:
-        return DistributedEpoch(DistributedPosition.start(sampler), len(sampler), batch_size), \
+        return DistributedEpoch(DistributedPosition.start(sampler), len(sampler), batch_size,
+                                sampler.rank), \
             None, resume
     if sampler.epoch != saved.epoch:
         raise ValueError(f"the state was saved in epoch {saved.epoch} of its DistributedSampler; "
@@ -293,9 +302,26 @@ def begin_distributed(loader: Any, resume: PendingResume | None
                          f"sampler.set_epoch({saved.epoch}) before iterating the resumed epoch")
     position = saved.resumed_on(sampler.num_replicas)
     if position.segments == saved.segments:  # the same world size: torch's own split
-        return DistributedEpoch(saved, len(sampler), batch_size), None, resume
+        _check_in_order(resume, sampler.rank, rescaled=False)
+        return DistributedEpoch(saved, len(sampler), batch_size, sampler.rank), None, resume
+    _check_in_order(resume, sampler.rank, rescaled=True)
     rest = position.rank_indices(sampler.rank)
-    return DistributedEpoch(position, len(rest), batch_size), rest, _rest_only(resume)
+    return (DistributedEpoch(position, len(rest), batch_size, sampler.rank), rest,
+            _rest_only(resume))
+
+
+def _check_in_order(resume: PendingResume, rank: int, rescaled: bool) -> None:
+    """With ``in_order=False`` each rank hands its batches out in its own order, and only
+    its own state says which it had: a ValueError for another rank's state, or another
+    world size, rather than samples lost or repeated."""
+    sampler = resume.plain.get("sampler") or {}
+    if sampler.get("in_order", True) or (not rescaled and sampler.get("rank") == rank):
+        return
+    raise ValueError(
+        "the state was saved mid-epoch by a loader with in_order=False, whose ranks hand out "
+        "batches in their own orders: only a rank's own state, on the same world size, says "
+        "which batches it had. Load each rank's own state on the same world size, or resume "
+        "from a state saved at an epoch's end, or with in_order=True")
 
 
 def _rest_only(resume: PendingResume) -> PendingResume:
