@@ -55,7 +55,8 @@ class Accelerator(accelerate.Accelerator):
     """
 
     def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
-        stateful = self.use_stateful_dataloader and isinstance(data_loader, DpexDataLoader)
+        stateful = (getattr(self, "use_stateful_dataloader", False)  # accelerate >= 0.34
+                    and isinstance(data_loader, DpexDataLoader))
         with rebuilt.rebuild_expected(), _stateful_off(self, stateful):
             prepared = super().prepare_data_loader(data_loader, device_placement,
                                                    slice_fn_for_dispatch)
