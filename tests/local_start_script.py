@@ -6,8 +6,9 @@ non-persistent workers, until every worker is on Ray; ``stalled-raylet``: the sa
 the embedded head's first raylet is stopped (SIGSTOP) as soon as it exists, as a machine
 too busy to let it register would; ``stalled-store``: the same, with the raylet stopped
 for 5 s from the moment the trainer joined; ``short``: short epochs for 2.5 s, a run that ends
-before the helper would start Ray. Prints one JSON line: whether the batches are torch's,
-and what the loader did."""
+before the helper would start Ray; ``stream``: 3 epochs of a stream without ``state_dict``,
+whose workers cannot move. Prints one JSON line: whether the batches are torch's, and what
+the loader did."""
 
 import json
 import os
@@ -227,8 +228,37 @@ def main_short():
     }), flush=True)
 
 
+class NoisyStream(torch.utils.data.IterableDataset):
+    """A generator without ``state_dict``: its replica's place lives only in its process."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        for i in range(info.id, 48, info.num_workers):
+            yield torch.full((2,), float(i)) + torch.rand(2)
+
+
+def main_stream():
+    """3 epochs of ``NoisyStream`` in each mode: dpex's on local processes throughout, and
+    no Ray started for them (they could never use it)."""
+    runs = {}
+    for mode in (False, True):
+        loader = dpex.DataLoader(NoisyStream(), batch_size=4, num_workers=2,
+                                 generator=torch.Generator().manual_seed(5),
+                                 distribute_mode=mode)
+        runs[mode] = ([list(loader) for _ in range(3)], loader)
+    (expected, _), (got, loader) = runs[False], runs[True]
+    print(json.dumps({
+        "equal": [len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+                  for a, b in zip(expected, got)],
+        "nodes": sorted(loader.stats().per_node), "helper": embedded._head is not None,
+        "ray_initialized": __import__("ray").is_initialized(),
+    }), flush=True)
+
+
 def main():
     mode = sys.argv[1]
+    if mode == "stream":
+        return main_stream()
     if mode == "short":
         return main_short()
     if mode in ("epochs", "stalled-raylet", "stalled-store"):

@@ -104,6 +104,15 @@ def test_a_run_shorter_than_the_helpers_wait_never_starts_ray():
     assert wait_gone([out["helper_pid"]]) == []
 
 
+def test_a_stream_whose_workers_cannot_move_stays_local_and_starts_no_ray():
+    """An IterableDataset without ``state_dict`` (a webdataset pipeline, a generator): its
+    workers could never move to Ray, so they run on local processes for the iterator's life,
+    every epoch torch's bits, and no Ray is started for them."""
+    out = run_script("stream")
+    assert out["equal"] == [True, True, True], out
+    assert out["nodes"] == ["local"] and not out["helper"] and not out["ray_initialized"], out
+
+
 @pytest.mark.parametrize("mode", ["handover", "kill"])
 def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     out = run_script(mode)

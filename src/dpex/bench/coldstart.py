@@ -62,14 +62,15 @@ class ColdstartRecord:
     trained_s: float
     process_s: float
     batches: int
-    ray: str | None = None  # dpex-ray: "embedded" (dpex started it) or "joined" (a cluster)
+    ray: str | None = None  # dpex-ray: "embedded" (dpex started it), "joined" (a cluster), "none"
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def run_script(loader: str, repeat: int, items: int) -> ColdstartRecord:
-    """``python train.py LOADER T0 ITEMS`` in an empty temp dir, from a plain shell's env."""
+def run_script(loader: str, repeat: int, items: int, data: str = "map") -> ColdstartRecord:
+    """``python train.py LOADER T0 ITEMS DATA`` in an empty temp dir, from a plain shell's
+    env (DATA: ``map`` or ``stream``, coldstart_train.py)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     with tempfile.TemporaryDirectory(prefix="dpex-coldstart-") as tmp:
         script = Path(tmp) / "train.py"
@@ -80,7 +81,8 @@ def run_script(loader: str, repeat: int, items: int) -> ColdstartRecord:
         with open(out, "w") as stdout, open(err, "w") as stderr:
             t0 = time.time()
             started = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "train.py", loader, repr(t0), str(items)],
+            proc = subprocess.Popen([sys.executable, "train.py", loader, repr(t0), str(items),
+                                     data],
                                     cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
                                     stderr=stderr)
             try:

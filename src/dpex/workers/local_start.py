@@ -8,9 +8,16 @@ When
   the embedded Ray before any of its worker processes answered (a later epoch, another
   loader, while the first hand-over is still starting its Ray processes), outside a
   multi-rank ``torch.distributed`` job, with workers that may run on the trainer's node
-  (no ``avoid_trainer_node``, custom resources, labels, GPUs or ``ray_options``), and whose
-  logical workers can move (not an ``IterableDataset`` without ``state_dict``).
+  (no ``avoid_trainer_node``, custom resources, labels, GPUs or ``ray_options``).
   ``WorkerOptions(local_start=False)`` turns it off.
+
+  Logical workers that cannot move (an ``IterableDataset`` without ``state_dict``: its
+  replica's place in the stream lives only in its process) stay on their local processes
+  for the iterator's life, as torch's workers would, and no head is started for them (steps
+  2 to 4 do not happen): they could never use it, and a stream's first batch would wait
+  for Ray's start (16 s against torch's 0.1 s on 2 cores). In the embedded Ray they start
+  locally also after other loaders' Ray processes answered: a new Ray process takes
+  seconds. Only a local process that dies is replaced, by a Ray process (below).
 
 What happens
   1. The iterator forks its processes from the trainer (``LocalActor``: torch's own
@@ -64,14 +71,14 @@ if TYPE_CHECKING:
 
 def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) -> bool:
     """The conditions of the NOTE's "When"."""
-    # dpex's embedded Ray, before any of its processes answered, still starts locally.
-    cold_embedded_ray = ray_session.owns_ray_session() and not POOL.answered
+    # dpex's embedded Ray, before any of its processes answered, still starts locally; and
+    # workers that cannot move always do there (a Ray process would take seconds to start).
+    cannot_move = is_iterable and not callable(getattr(loader.dataset, "state_dict", None))
+    cold_embedded_ray = ray_session.owns_ray_session() and (not POOL.answered or cannot_move)
     if not options.local_start or (ray.is_initialized() and not cold_embedded_ray):
         return False
     if (options.avoid_trainer_node or options.resources or options.labels
             or options.num_gpus or options.ray_options):
-        return False
-    if is_iterable and not callable(getattr(loader.dataset, "state_dict", None)):
         return False
     if (torch.distributed.is_available() and torch.distributed.is_initialized()
             and torch.distributed.get_world_size() > 1):
@@ -132,6 +139,10 @@ class LocalStart:
                                              self._proc_serial))
         self._local_twins: dict[ProcessHandle, ProcessHandle] = {}  # Ray process -> local
         self._pending_setup: BesideTheLoop | None = None  # step 3's setup, while it runs
+        # Workers that cannot move stay local (the NOTE's "When"): no head for them.
+        self._stay_local = self._is_iterable and not callable(getattr(dataset, "state_dict", None))
+        if self._stay_local:
+            return
         ray_session.start_embedded()
         if self._share_on:  # its stream shares nothing before Ray is up: no lowest priority
             ray_session.full_priority()
@@ -141,7 +152,7 @@ class LocalStart:
 
     def _local_step(self) -> None:
         """Steps 3 and 4 of the NOTE, as far as they can go now."""
-        if not self._local_active:
+        if not self._local_active or self._stay_local:
             return
         if self._dataset_ref is None:
             if not ray_session.joined_if_up() or not self._set_up_beside_the_loop():
