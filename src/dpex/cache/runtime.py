@@ -55,9 +55,9 @@ from dpex.cache.policy import (
 from dpex.cache.rng_guard import RngSnapshot
 
 _ACTIVE: CacheRuntime | None = None
-_SETTLE_S = 1.0  # the longest a process that goes back to its pool or ends waits for its
-# disk writer: a local process that ended with entries queued lost them, and a later epoch
-# or job computed them again
+_SETTLE_S = 1.5  # the longest a process that goes back to its pool or ends waits for its
+# disk writer: a local process that ended with entries unwritten lost them, and a later
+# epoch or job computed them again (it has 2 s to end: local_workers._STOP_WAIT_S)
 
 
 def active() -> CacheRuntime | None:
@@ -81,6 +81,11 @@ def take_counters() -> dict[str, dict[str, Any]] | None:
 def flush() -> None:
     if _ACTIVE is not None:
         _ACTIVE.flush()
+
+
+def settle(timeout_s: float) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.settle(timeout_s)
 
 
 def refresh() -> None:
@@ -122,6 +127,7 @@ class CacheRuntime:
         out = {}
         for name, space in self._spaces.items():
             space.poll()
+            space.take_not_kept()
             if space.counters:
                 out[name] = {"stage": space.label, "decision": space.decision(),
                              **space.counters}
@@ -129,15 +135,25 @@ class CacheRuntime:
         return out or None
 
     def flush(self) -> None:
-        """Send the entries still pending, write those the disk writer holds (its queue
-        is short; bounded), and let go of those read in place (the process goes back to
-        its pool or ends, or the cache settings changed)."""
+        """Send the entries still pending, write those the disk writer holds (bounded:
+        _SETTLE_S), and let go of those read in place (the process goes back to its pool
+        or ends, or the cache settings changed)."""
         for space in self._spaces.values():
             if space.memory is not None:
                 space.memory.send()
                 space.memory.unmap()
             if space.disk is not None:
                 space.disk.settle(timeout_s=_SETTLE_S)
+
+    def settle(self, timeout_s: float) -> None:
+        """Before the process ends: wait until the node's owners have every entry sent
+        (resent to an owner that failed) and the disk has every entry written, for at most
+        ``timeout_s`` in all (NOTE [ dpex Cache Sends ], memory.py)."""
+        deadline = time.monotonic() + timeout_s
+        for space in self._spaces.values():
+            for tier in (space.memory, space.disk):
+                if tier is not None:
+                    tier.settle(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def _space(self, stage: Any, owner: Any) -> Space:
         memo_key = (id(stage), id(owner))
@@ -241,18 +257,29 @@ class Space:
         probing = len(self.cost.read_s) < MIN_SAMPLES
         replace = key in self._stale
         self._stale.discard(key)
+        # Every tier with room keeps it: the object store for this job's next reads, the
+        # disk for a later job's, or a node whose store is full (NOTE [ dpex Exact Cache ]).
+        stored = entries.Entry(entries.pack(value), read.files)
+        kept = False
         for tier, counter in ((self.memory, "memory"), (self.disk, "disk")):
             if tier is None or tier.full:
                 continue
-            stored = entries.Entry(entries.pack(value), read.files)
             admitted = tier.put(key, stored, replace) if tier is self.memory else tier.put(key, stored)
             if admitted:
                 self.counters[f"{counter}_admitted"] += 1
                 self.counters[f"{counter}_bytes"] += admitted
-                if probing:  # what reading it back costs, by the path a hit takes
+                if probing and not kept:  # what reading it back costs, by a hit's path
                     self.cost.add_read(tier.probe_read(key, stored))
-            return
+                kept = True
+        if not kept:
+            self.counters["not_kept_budget"] += 1
 
+    def take_not_kept(self) -> None:
+        """Add the tiers' counts of entries they were handed and did not keep."""
+        for tier in (self.memory, self.disk):
+            if tier is not None:
+                for reason, n in tier.take_not_kept().items():
+                    self.counters[f"not_kept_{reason}"] += n
 
 def _ref(obj: Any) -> Any:
     try:

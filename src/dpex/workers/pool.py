@@ -34,7 +34,9 @@ What is released when
     enter it on release); each idle actor is killed ``idle_timeout_s`` (a ``WorkerOptions``
     field, default 120 s) after its release, by a daemon reaper thread; sooner on a node
     the autoscaler added for a loader (NOTE [ dpex Cluster Growth ]).
-  * ``dpex.shutdown_pool()`` kills every idle actor now; an ``atexit`` hook (registered after
+  * ``dpex.shutdown_pool()`` kills every idle actor now, once its cache's entries have
+    reached their node's owner and disk (``Worker.settle_cache``, at most
+    ``_SETTLE_CACHE_S``: NOTE [ dpex Cache Sends ]); an ``atexit`` hook (registered after
     Ray's own, so it runs before Ray stops) does the same at interpreter exit.
   * ``ray.shutdown()`` by the user: Ray kills the actors with the session; at the next
     ``ray.init`` the pool hands the stale handles to ``session_handles.keep``, untouched
@@ -71,12 +73,14 @@ from dpex.ray_session import session_handles
 from dpex.workers.options import WorkerOptions
 
 _RESERVING = ("num_cpus", "num_gpus", "memory", "resources")
+_SETTLE_CACHE_S = 10.0  # the longest shutdown waits for idle actors' cache entries
 
 
 @dataclass
 class _Idle:
     actor: Any
     deadline: float
+    started: bool = True  # it has answered (hosted a worker): it may hold cache entries
 
 
 class WorkerPool:
@@ -109,9 +113,10 @@ class WorkerPool:
         return actor_cls.options(name=name, **actor_options).remote()
 
     def release(self, actor: Any, options: WorkerOptions, node_id: str | None,
-                keep_s: float | None = None) -> None:
+                keep_s: float | None = None, started: bool = True) -> None:
         """Take back an actor whose worker ended cleanly, for ``keep_s`` seconds at most
-        (None: ``options.idle_timeout_s``); kill it when it cannot be kept."""
+        (None: ``options.idle_timeout_s``); kill it when it cannot be kept. ``started``:
+        it has answered (one still starting has no cache entries to settle)."""
         keep_s = options.idle_timeout_s if keep_s is None else min(keep_s, options.idle_timeout_s)
         key = _key(options.actor_options(node_id), node_id)
         if key is None or not options.reuse_processes or not ray.is_initialized() or keep_s <= 0:
@@ -125,7 +130,7 @@ class WorkerPool:
         with self._lock:
             self._check_session()
             deadline = time.monotonic() + keep_s
-            self._idle.setdefault(key, []).append(_Idle(actor, deadline))
+            self._idle.setdefault(key, []).append(_Idle(actor, deadline, started))
             self._ensure_reaper()
             self._wakeup.notify()
 
@@ -148,9 +153,10 @@ class WorkerPool:
         with self._lock:
             self._check_session()
             idle, self._idle = self._idle, {}
-        for entries in idle.values():
-            for entry in entries:
-                kill_quietly(entry.actor)
+        entries = [entry for each in idle.values() for entry in each]
+        _settle_caches([entry.actor for entry in entries if entry.started])
+        for entry in entries:
+            kill_quietly(entry.actor)
 
     def forget_session(self) -> None:
         """The Ray session changed: keep the idle actors of the old one untouched
@@ -212,6 +218,23 @@ def _freeze(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(v) for v in value)
     return value
+
+
+def _settle_caches(actors: list[Any]) -> None:
+    """Wait, at most ``_SETTLE_CACHE_S``, for ``actors`` to have sent and written the
+    cache entries they computed: a killed process loses them (NOTE [ dpex Cache Sends ])."""
+    if not actors or not ray.is_initialized():
+        return
+    refs = []
+    for actor in actors:
+        try:
+            refs.append(actor.settle_cache.remote(_SETTLE_CACHE_S - 1.0))
+        except Exception:  # a handle of an ended session, a dead actor: nothing to wait for
+            pass
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=_SETTLE_CACHE_S)
+    except Exception:
+        pass
 
 
 def kill_quietly(actor: Any) -> None:
