@@ -13,7 +13,9 @@ Why not a queue that drops
 
 What it does instead (``Writer.hand``)
   * The thread takes entries while the bytes waiting for it stay within ``BUFFER_BYTES``
-    (an entry larger than that is taken when nothing else waits).
+    and it would write them all within ``BACKLOG_S`` at the pace of its last write (an
+    entry larger than that is taken when nothing else waits). The time bound keeps what
+    a process must write before it ends (``settle``) short on a slow disk too.
   * Past that, the worker writes the entry itself, in its own call: the back-pressure is
     one entry's write, never a wait for the thread's backlog. A write (a pickled 500x375
     RGB array, 0.56 MB, to the page cache: 0.4 ms) costs a fraction of the decode it saves
@@ -37,6 +39,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 BUFFER_BYTES = 8 * 2**20  # bytes waiting for the thread at most; past it the worker writes
+BACKLOG_S = 0.25  # and seconds of writes waiting for it at most, at its last write's pace
 
 
 class Writer:
@@ -44,10 +47,11 @@ class Writer:
     full), in a daemon thread, or in the caller when the thread is behind."""
 
     def __init__(self, write: Callable[[str, bytes], bool], name: str = "dpex-cache-disk",
-                 buffer_bytes: int = BUFFER_BYTES) -> None:
+                 buffer_bytes: int = BUFFER_BYTES, backlog_s: float = BACKLOG_S) -> None:
         self._write = write
         self._name = name
-        self._limit = buffer_bytes
+        self._limit, self._backlog_s = buffer_bytes, backlog_s
+        self._write_s = 0.0  # how long the last write took (either thread's)
         self._waiting: deque[tuple[str, bytes]] = deque()
         self._bytes = 0  # of the entries waiting
         self._writing = 0  # entries being written by the thread now
@@ -60,7 +64,8 @@ class Writer:
     def hand(self, key: str, data: bytes) -> None:
         """Write ``data`` under ``key``: by the thread, or now when it is behind."""
         with self._cond:
-            if not self._waiting or self._bytes + len(data) <= self._limit:
+            if not self._waiting or (self._bytes + len(data) <= self._limit and
+                                     (len(self._waiting) + 1) * self._write_s <= self._backlog_s):
                 self._waiting.append((key, data))
                 self._bytes += len(data)
                 self._start()
@@ -129,11 +134,14 @@ class Writer:
                 self._done()
 
     def _write_one(self, key: str, data: bytes) -> None:
+        started = time.perf_counter()
         try:
             kept = self._write(key, data)
         except OSError:
             self._count("writer", 1)
             return
+        finally:
+            self._write_s = time.perf_counter() - started
         if not kept:
             self._count("budget", 1)
 

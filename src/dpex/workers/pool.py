@@ -34,6 +34,8 @@ What is released when
     enter it on release); each idle actor is killed ``idle_timeout_s`` (a ``WorkerOptions``
     field, default 120 s) after its release, by a daemon reaper thread; sooner on a node
     the autoscaler added for a loader (NOTE [ dpex Cluster Growth ]).
+  * An actor that cannot be kept is killed once its cache's entries have settled (a
+    thread waits for it: NOTE [ dpex Cache Sends ]).
   * ``dpex.shutdown_pool()`` kills every idle actor now, once its cache's entries have
     reached their node's owner and disk (``Worker.settle_cache``, at most
     ``_SETTLE_CACHE_S``: NOTE [ dpex Cache Sends ]); an ``atexit`` hook (registered after
@@ -91,6 +93,7 @@ class WorkerPool:
         self._wakeup = threading.Condition(self._lock)
         self._idle: dict[tuple, list[_Idle]] = {}
         self._reaper: threading.Thread | None = None
+        self._closing: list[Any] = []  # not kept: killed once their cache settled
         self.created = 0  # actors this pool's users started, for tests and the benchmark
         self.reused = 0
         # A process of this Ray session has answered: Ray starts worker processes in about
@@ -120,7 +123,7 @@ class WorkerPool:
         keep_s = options.idle_timeout_s if keep_s is None else min(keep_s, options.idle_timeout_s)
         key = _key(options.actor_options(node_id), node_id)
         if key is None or not options.reuse_processes or not ray.is_initialized() or keep_s <= 0:
-            kill_quietly(actor)
+            self._kill_settled(actor, started)
             return
         try:
             actor.release.remote()  # drop the replica now, not at the next begin
@@ -133,6 +136,25 @@ class WorkerPool:
             self._idle.setdefault(key, []).append(_Idle(actor, deadline, started))
             self._ensure_reaper()
             self._wakeup.notify()
+
+    def _kill_settled(self, actor: Any, started: bool) -> None:
+        """Kill ``actor`` once its cache's entries have settled (NOTE [ dpex Cache Sends ]:
+        at most ``_SETTLE_CACHE_S``), in a thread of its own: the trainer goes on."""
+        if not started or not ray.is_initialized():
+            kill_quietly(actor)
+            return
+        with self._lock:
+            self._closing.append(actor)
+
+        def settle_and_kill() -> None:
+            _settle_caches([actor])
+            with self._lock:
+                if not any(a is actor for a in self._closing):
+                    return  # shutdown() took it
+                self._closing = [a for a in self._closing if a is not actor]
+            kill_quietly(actor)
+
+        threading.Thread(target=settle_and_kill, daemon=True, name="dpex-pool-settle").start()
 
     def warm_nodes(self, options: WorkerOptions) -> set[str]:
         """The nodes where an idle actor would fit a process of ``options``."""
@@ -153,10 +175,11 @@ class WorkerPool:
         with self._lock:
             self._check_session()
             idle, self._idle = self._idle, {}
+            closing, self._closing = self._closing, []
         entries = [entry for each in idle.values() for entry in each]
-        _settle_caches([entry.actor for entry in entries if entry.started])
-        for entry in entries:
-            kill_quietly(entry.actor)
+        _settle_caches([entry.actor for entry in entries if entry.started] + closing)
+        for actor in [entry.actor for entry in entries] + closing:
+            kill_quietly(actor)
 
     def forget_session(self) -> None:
         """The Ray session changed: keep the idle actors of the old one untouched
