@@ -21,12 +21,16 @@ Where a lookup goes (``Space.get``)
      found in either whose recorded files changed since is stale: the lookup goes on, and
      the stage's new result takes the entry's place);
   3. a miss: the stage runs between two snapshots of the generators, recording what it
-     reads, and its result is admitted to the first tier that has room (policy.py:
+     reads, and its result is admitted to every tier that has room (policy.py:
      admitted once, never evicted), unless reading back was measured to cost more than
      computing (policy.py) or it read what cannot be checked (reads.py).
   A worker process that is not a Ray process (the local processes a cold start begins
   on) has the disk tier only; a Ray process moves the disk entries it reads into the
   object store while there is room.
+
+  A computed entry goes to every tier with room (the disk too, for a later job or a node
+  whose store is full), and a task's batch is done once its entries are written and sent
+  (``take_counters``): in the next epoch, another process finds them.
 
 What the trainer sees
   Each task's result carries the counters of its process's cache since the last one
@@ -124,9 +128,12 @@ class CacheRuntime:
         return value
 
     def take_counters(self) -> dict[str, dict[str, Any]] | None:
+        """The counters since the last call, at the end of a task (its batch is done):
+        once its entries are written and sent, so that another process's lookup in the
+        next epoch finds them, and the counts say what was kept."""
         out = {}
         for name, space in self._spaces.items():
-            space.poll()
+            space.end_of_task()
             space.take_not_kept()
             if space.counters:
                 out[name] = {"stage": space.label, "decision": space.decision(),
@@ -202,9 +209,12 @@ class Space:
             return "full"
         return decided
 
-    def poll(self) -> None:
+    def end_of_task(self) -> None:
         if self.memory is not None:
+            self.memory.send()
             self.memory.poll()
+        if self.disk is not None:
+            self.disk.settle(timeout_s=_SETTLE_S)
 
     def get(self, key: str) -> Any:
         started = time.perf_counter()
