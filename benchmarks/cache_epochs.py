@@ -1,7 +1,7 @@
 """Decoding done once: every epoch of a JPEG decode + random augmentation pipeline, with the
 decode marked ``@dpex.cached``, beside the same loader with ``cache=False`` and torch's.
 
-    python benchmarks/cache_epochs.py [--repeats 3] [--epochs 4] [--items 512] [--busy]
+    python benchmarks/cache_epochs.py [--repeats 3] [--epochs 4] [--items 512] [--busy [N]]
         [--kinds "dpex cache,dpex half"]
 
 The dataset is ``--items`` JPEG files of 500x375 pixels on disk. ``decode`` (read the file,
@@ -22,13 +22,14 @@ removed with ``dpex cache rm`` before the next), so their workers are Ray actors
 first batch; without it, each run starts the embedded Ray, and its first epochs run on
 local processes while Ray starts on the same cores.
 
-With ``--busy``, a process busy in a loop (``while True: pass``) runs beside the runs, at
-normal priority, as on a shared node: the machine is no longer idle, so the CPU figures
-count the neighbour too; what holds is how often the stage ran. ``--kinds`` runs only the
+With ``--busy [N]``, N processes (1) busy in a loop (``while True: pass``) run beside them, at
+normal priority, as on a shared node: the machine is no longer idle, so the machine's CPU
+figures count the neighbours too; the workers' own do not. ``--kinds`` runs only the
 loaders named (comma-separated).
 
 For the loaders with the cache: the stage's calls per sample over all the epochs (1.00:
-each sample decoded once), and the entries not kept (``loader.stats().cache``).
+each sample decoded once), the entries not kept (``loader.stats().cache``), and the
+workers' own CPU per sample from the third epoch on.
 
 Per epoch: seconds, samples/s, and the CPU seconds per sample the machine spent outside the
 training process (the workers, and Ray's own processes for dpex), read from /proc/stat:
@@ -191,15 +192,16 @@ def run(kind: str, folder: str, epochs: int, address: str | None = None) -> dict
 
 
 def stage_calls(runs: list[dict[str, dict]]) -> str:
-    """Per cached loader: the stage's calls per sample, and the CPU ms per sample of the
-    epochs after the first two (epoch 2 on: the cache is warm), each repeat."""
+    """Per cached loader: the stage's calls per sample, and the worker processes' own CPU
+    ms per sample in the epochs after the first two (the cache warm; a busy neighbour's
+    CPU is not in it), each repeat."""
     cached = [k for k in ("dpex cache", "dpex half") if k in runs[0]]
     lines = ["| repeat | loader | stage calls per sample, all epochs | entries not kept | "
-             "CPU ms per sample outside the trainer, epoch 2+ |", "|---|---|---|---|---|"]
+             "workers' own CPU ms per sample, epoch 2+ |", "|---|---|---|---|---|"]
     for r, by_kind in enumerate(runs):
         for kind in cached:
             run = by_kind[kind]
-            later = [e["cpu_ms"] for e in run["epochs"][2:]]
+            later = [e["workers_ms"] for e in run["epochs"][2:]]
             cpu = f"{statistics.mean(later):.1f}" if later else "-"
             lines.append(f"| {r} | {kind} | {run['calls_per_sample']:.2f} | "
                          f"{run['not_kept']} | {cpu} |")
@@ -253,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="join dpex's loaders to a `ray start --head` started here (Ray's "
                              "defaults), as on a cluster, instead of the embedded Ray")
-    parser.add_argument("--busy", action="store_true",
-                        help="run a busy process beside the runs, at normal priority")
+    parser.add_argument("--busy", type=int, nargs="?", const=1, default=0,
+                        help="run this many busy processes (1 if no number) beside the runs, "
+                             "at normal priority")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help="the loaders to run, comma-separated (default: all)")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
@@ -268,13 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     make_files(folder, args.items)
     kinds = tuple(k for k in KINDS if k in args.kinds.split(","))
     f = decode_share(folder)
-    head = busy = None
+    head = None
     if args.cluster:
         from share_trainers import Head
 
         head = Head()
-    if args.busy:  # stopped by its id below
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])  # stopped below
+            for _ in range(args.busy)]
     try:
         address = f"127.0.0.1:{head.port}" if head else None
         runs = []
@@ -282,15 +285,15 @@ def main(argv: list[str] | None = None) -> int:
             order = kinds if repeat % 2 == 0 else tuple(reversed(kinds))
             runs.append({kind: run(kind, folder, args.epochs, address) for kind in order})
     finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
+        for proc in busy:
+            proc.kill()
+            proc.wait()
         if head is not None:
             head.stop()
     where = "joined to a `ray start --head`" if head else "the embedded Ray"
     print(f"{args.items} JPEGs of {SIZE[0]}x{SIZE[1]}, batches of 32, 2 workers, torch's "
           f"defaults, {where}; {args.repeats} repeats"
-          f"{'; a busy process beside them' if busy else ''}\n")
+          f"{f'; {len(busy)} busy process(es) beside them' if busy else ''}\n")
     print(report(runs, f))
     return 0
 

@@ -75,3 +75,48 @@ def test_the_stage_runs_once_per_sample_10_runs_in_a_row(ray_local, tmp_path, bu
         _remove_owners(ray_local)
         (tmp_path / str(run)).mkdir()
         once_cold_then_warm(tmp_path / str(run), tiers, persistent, expected)
+
+
+
+def _entries_of(ray, tier) -> int:
+    from dpex.cache.options import user
+    from dpex.cache.owner import RAY_NAMESPACE, owner_name
+
+    owner = ray.get_actor(owner_name(user(), tier._name, tier._node), namespace=RAY_NAMESPACE)
+    return ray.get(owner.describe.remote(), timeout=60)["entries"]
+
+
+def _new_tier(ray):
+    from dpex.cache.memory import MemoryTier
+
+    return MemoryTier(ray.get_runtime_context().get_node_id(), "issue54-sends", "Sends",
+                      dpex.Cache())
+
+
+def _put(tier, keys: range) -> None:
+    import numpy as np
+
+    from dpex.cache import entries
+
+    for i in keys:
+        assert tier.put(f"k{i}", entries.Entry(entries.pack(np.full(64, i)), ())) > 0
+
+
+def test_sends_to_an_owner_that_is_starting_reach_it_before_settle_returns(ray_local):
+    """NOTE [ dpex Cache Sends ]: the first entries start the owner; settle waits for it."""
+    tier = _new_tier(ray_local)
+    _put(tier, range(40))  # 2 sends and 8 pending, the owner starting meanwhile
+    tier.settle(timeout_s=30)
+    assert _entries_of(ray_local, tier) == 40  # at once: no waiting here
+    assert tier.take_not_kept() == {}
+
+
+def test_a_send_that_failed_goes_again_to_a_new_owner(ray_local):
+    tier = _new_tier(ray_local)
+    _put(tier, range(16))
+    tier.settle(timeout_s=30)
+    ray_local.kill(tier._owner)  # gone while the process still sends to it
+    _put(tier, range(16, 32))
+    tier.settle(timeout_s=30)
+    assert _entries_of(ray_local, tier) == 16  # the second 16, in a new owner
+    assert tier.take_not_kept() == {}

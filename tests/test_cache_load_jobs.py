@@ -16,6 +16,7 @@ import pytest
 
 from clusters.nodes import NodeCluster, why_not
 from conftest import user_env
+from test_cache_load import busy_neighbour  # noqa: F401 -- a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -96,15 +97,6 @@ if __name__ == "__main__":
         "computed": computed, "not_kept": stage.not_kept, "unseen": stage.unseen_reads,
         "hits": stage.hits, "summary": stage.summary()}))
 '''
-
-
-@pytest.fixture
-def busy_neighbour():
-    """A process that keeps a core busy, at the jobs' priority, while the test runs."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 @pytest.fixture

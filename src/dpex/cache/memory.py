@@ -81,6 +81,7 @@ class MemoryTier:
         # Sends the owner has not answered: (reference, entries, tries).
         self._inflight: list[tuple[Any, list, int]] = []
         self._not_kept: Counter = Counter()
+        self._removed = False  # the owner went (dpex cache rm, expired): no send again
         self._asked: Any = None
         self._index_due: float | None = None  # until when a lookup waits for the index
         self._asked_at = self._sent_at = time.monotonic()
@@ -203,7 +204,7 @@ class MemoryTier:
         """Drop the sends the owner answered (within ``timeout_s``); send a failed one
         again, once, to the owner of its name (NOTE [ dpex Cache Sends ])."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayError
 
         if not self._inflight:
             return
@@ -217,12 +218,14 @@ class MemoryTier:
             try:
                 ray.get(ref)
             except RayActorError:
-                if tries > 1 or self.full:  # failed again, or the owner was removed
+                if tries > 1 or self._removed:  # failed again, or the owner was removed
                     self._not_kept["owner"] += len(items)
                     continue
                 self._owner = owner_for(user(), self._name, self._label, self._node,
                                         self.limit, self._ttl_s)
                 waiting.append((self._owner.put.remote(items), items, tries + 1))
+            except RayError:  # the call failed in the owner: not sent again
+                self._not_kept["owner"] += len(items)
         self._inflight = waiting
 
     def poll(self) -> None:
@@ -244,6 +247,7 @@ class MemoryTier:
             count, new, full = ray.get(self._asked)
         except RayActorError:  # removed (dpex cache rm) or expired: no memory tier now
             self._index, self._refs, self._mapped, self.full, self._asked = {}, {}, {}, True, None
+            self._removed = True
             return
         for offset, box in enumerate(new):
             self._refs[self._seen + offset] = box[0]
