@@ -291,6 +291,7 @@ class Space:
                 for reason, n in tier.take_not_kept().items():
                     self.counters[f"not_kept_{reason}"] += n
 
+
 def _ref(obj: Any) -> Any:
     try:
         return weakref.ref(obj)
