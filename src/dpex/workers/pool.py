@@ -185,8 +185,8 @@ class WorkerPool:
         """The Ray session changed: keep the idle actors of the old one untouched
         (NOTE [ dpex Handles Stay in Their Ray Session ]). Called by ``session_handles``."""
         with self._lock:
-            session_handles.keep(self._idle)
-            self._idle = {}
+            session_handles.keep(self._idle, self._closing)
+            self._idle, self._closing = {}, []
             self.answered = False
 
     def _check_session(self) -> None:
