@@ -129,3 +129,15 @@ def test_an_entry_no_tier_has_room_for_is_counted_in_the_stats(disk_only_runtime
     # The first was handed to the writer, which found the budget full; the rest, none.
     assert counters["misses"] == 4 and counters["disk_admitted"] == 1
     assert counters["not_kept_budget"] == 4, counters
+
+
+def test_an_entry_written_inside_a_stage_is_no_read_of_that_stage(tmp_path):
+    """A worker writes an entry itself (its writer behind) while an outer cached stage
+    computes: the tier's own files (the temporary file, .bytes) are not the outer's reads,
+    or its entry would be stale at once (.bytes changes with every entry)."""
+    from dpex.cache import reads
+
+    tier = disk.DiskTier(str(tmp_path), "ns", 2**30, 3600.0)
+    with reads.record() as recorded:
+        tier._write("k0", b"entry")
+    assert recorded[0].files == ()

@@ -165,6 +165,12 @@ class DiskTier:
             self._writer.settle(timeout_s)
 
     def _write(self, key: str, data: bytes) -> bool:
+        from dpex.cache import reads
+
+        with reads.not_recorded():  # written in a stage's thread: no read of that stage
+            return self._write_unrecorded(key, data)
+
+    def _write_unrecorded(self, key: str, data: bytes) -> bool:
         if self.full or not self._admit(len(data)):
             return False
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")  # mode 0600
