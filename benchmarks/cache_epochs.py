@@ -1,7 +1,8 @@
 """Decoding done once: every epoch of a JPEG decode + random augmentation pipeline, with the
 decode marked ``@dpex.cached``, beside the same loader with ``cache=False`` and torch's.
 
-    python benchmarks/cache_epochs.py [--repeats 3] [--epochs 4] [--items 512]
+    python benchmarks/cache_epochs.py [--repeats 3] [--epochs 4] [--items 512] [--busy [N]]
+        [--kinds "dpex cache,dpex half"]
 
 The dataset is ``--items`` JPEG files of 500x375 pixels on disk. ``decode`` (read the file,
 decode it to a uint8 array) is cached; ``__getitem__`` then draws a random-resized crop to
@@ -20,6 +21,15 @@ defaults (through ``RAY_ADDRESS``, as jobs on a cluster do; the caches a run lef
 removed with ``dpex cache rm`` before the next), so their workers are Ray actors from the
 first batch; without it, each run starts the embedded Ray, and its first epochs run on
 local processes while Ray starts on the same cores.
+
+With ``--busy [N]``, N processes (1) busy in a loop (``while True: pass``) run beside them, at
+normal priority, as on a shared node: the machine is no longer idle, so the machine's CPU
+figures count the neighbours too; the workers' own do not. ``--kinds`` runs only the
+loaders named (comma-separated).
+
+For the loaders with the cache: the stage's calls per sample over all the epochs (1.00:
+each sample decoded once), the entries not kept (``loader.stats().cache``), and the
+workers' own CPU per sample from the third epoch on.
 
 Per epoch: seconds, samples/s, and the CPU seconds per sample the machine spent outside the
 training process (the workers, and Ray's own processes for dpex), read from /proc/stat:
@@ -118,7 +128,7 @@ def child(kind: str, folder: str, epochs: int, cache_dir: str) -> None:
             kwargs["cache"] = dpex.Cache(disk_dir=cache_dir, memory_share=0.0,
                                          disk_bytes=decoded // 2)
     loader = dpex.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2, **kwargs)
-    rows = []
+    rows: list[dict] = []
     for _ in range(epochs):
         hits_before, own_workers0 = _hits(loader), _workers_cpu_s(kind, loader)
         cpu0, own0, t0 = machine_cpu_s(), time.process_time(), time.perf_counter()
@@ -132,7 +142,11 @@ def child(kind: str, folder: str, epochs: int, cache_dir: str) -> None:
                      "workers_ms": (1000 * (own_workers - own_workers0) / samples
                                     if own_workers is not None else None),
                      "hit_rate": hits / lookups if lookups else None})
-    print(json.dumps({"kind": kind, "epochs": rows}), flush=True)
+    stats = loader.stats().cache if kind != "torch" else ()
+    calls = (sum(s.misses for s in stats) if stats else epochs * len(paths)) / len(paths)
+    not_kept = sum(getattr(s, "not_kept", 0) for s in stats)
+    print(json.dumps({"kind": kind, "epochs": rows, "calls_per_sample": calls,
+                      "not_kept": not_kept}), flush=True)
     del torch
 
 
@@ -177,7 +191,26 @@ def run(kind: str, folder: str, epochs: int, address: str | None = None) -> dict
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def stage_calls(runs: list[dict[str, dict]]) -> str:
+    """Per cached loader: the stage's calls per sample, and the worker processes' own CPU
+    ms per sample in the epochs after the first two (the cache warm; a busy neighbour's
+    CPU is not in it), each repeat."""
+    cached = [k for k in ("dpex cache", "dpex half") if k in runs[0]]
+    lines = ["| repeat | loader | stage calls per sample, all epochs | entries not kept | "
+             "workers' own CPU ms per sample, epoch 2+ |", "|---|---|---|---|---|"]
+    for r, by_kind in enumerate(runs):
+        for kind in cached:
+            run = by_kind[kind]
+            later = [e["workers_ms"] for e in run["epochs"][2:]]
+            cpu = f"{statistics.mean(later):.1f}" if later else "-"
+            lines.append(f"| {r} | {kind} | {run['calls_per_sample']:.2f} | "
+                         f"{run['not_kept']} | {cpu} |")
+    return "\n".join(lines)
+
+
 def report(runs: list[dict[str, dict]], f: float) -> str:
+    if any(kind not in runs[0] for kind in KINDS):  # --kinds: the calls only
+        return stage_calls(runs)
     epochs = len(runs[0]["torch"]["epochs"])
     lines = [f"decode share of a sample's CPU, f = {f:.2f}", "",
              "Per epoch: samples/s; CPU ms per sample outside the trainer (workers, and Ray's "
@@ -210,7 +243,7 @@ def report(runs: list[dict[str, dict]], f: float) -> str:
                                           for x in (cpu, own)) + " |")
     lines.append(f"\ntarget for the cache's CPU from epoch 1: at most (1 - f) + 0.05 = "
                  f"{1 - f + 0.05:.2f} of epoch 0's")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + stage_calls(runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="join dpex's loaders to a `ray start --head` started here (Ray's "
                              "defaults), as on a cluster, instead of the embedded Ray")
+    parser.add_argument("--busy", type=int, nargs="?", const=1, default=0,
+                        help="run this many busy processes (1 if no number) beside the runs, "
+                             "at normal priority")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help="the loaders to run, comma-separated (default: all)")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -231,24 +269,31 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder or os.path.join(tempfile.gettempdir(), f"dpex-bench-jpegs-{args.items}")
     os.makedirs(folder, exist_ok=True)
     make_files(folder, args.items)
+    kinds = tuple(k for k in KINDS if k in args.kinds.split(","))
     f = decode_share(folder)
     head = None
     if args.cluster:
         from share_trainers import Head
 
         head = Head()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])  # stopped below
+            for _ in range(args.busy)]
     try:
         address = f"127.0.0.1:{head.port}" if head else None
         runs = []
         for repeat in range(args.repeats):
-            order = KINDS if repeat % 2 == 0 else tuple(reversed(KINDS))
+            order = kinds if repeat % 2 == 0 else tuple(reversed(kinds))
             runs.append({kind: run(kind, folder, args.epochs, address) for kind in order})
     finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
         if head is not None:
             head.stop()
     where = "joined to a `ray start --head`" if head else "the embedded Ray"
     print(f"{args.items} JPEGs of {SIZE[0]}x{SIZE[1]}, batches of 32, 2 workers, torch's "
-          f"defaults, {where}; {args.repeats} repeats\n")
+          f"defaults, {where}; {args.repeats} repeats"
+          f"{f'; {len(busy)} busy process(es) beside them' if busy else ''}\n")
     print(report(runs, f))
     return 0
 

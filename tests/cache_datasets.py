@@ -120,3 +120,36 @@ class FolderImages(Decoded):
             data = f.read()
         time.sleep(0.005)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).float().reshape(3, 4, 4)
+
+
+class SlowDisk(Decoded):
+    """``Decoded`` on a slow disk: each of its entries' file writes takes ``write_delay_s``
+    longer, through ``slow_disk_writes`` (the loader's ``worker_init_fn``)."""
+
+    write_delay_s = 0.02  # four times the stage's 5 ms: the writer thread falls behind
+
+
+def slow_disk_writes(worker_id: int) -> None:
+    """A test double of the file write only (``dpex.cache.disk.write_file``): it sleeps
+    first while the worker's dataset is a ``SlowDisk``. Installed once per process; inert
+    for the other datasets a pooled process hosts later.
+
+    It also draws once from a generator of its own: torch's first draw in a process reads
+    the CPU's description (14 read calls that dpex cannot see), which made the process's
+    first computed entry one that is not kept (``unseen_reads``: docs/caching.md), and
+    computed again later. A real stage sets its library up at import likewise."""
+    from dpex.cache import disk
+
+    torch.rand(1, generator=torch.Generator())
+
+    if getattr(disk.write_file, "slow_double", False):
+        return
+    write = disk.write_file
+
+    def slow_write_file(f, data: bytes) -> None:
+        info = torch.utils.data.get_worker_info()
+        time.sleep(getattr(info.dataset, "write_delay_s", 0.0) if info is not None else 0.0)
+        write(f, data)
+
+    slow_write_file.slow_double = True
+    disk.write_file = slow_write_file

@@ -2,9 +2,9 @@
 
 Every process on a node shares the folder (``Cache.disk_dir``/<namespace>/): an entry is
 one file, written under a temporary name and renamed into place, so a reader sees a whole
-entry or none. A process writes its entries in a thread of its own, so a disk slower than
-the stage never holds up a batch: where the thread is ``_QUEUE`` entries behind, an entry
-is not kept (it is computed again next time, and kept then). The bytes admitted are counted
+entry or none. A process writes its entries in a thread of its own, and writes an entry
+itself where that thread is behind (disk_writer.py: NOTE [ dpex Cache Disk Writer ]): no
+entry computed is left out while the budget has room. The bytes admitted are counted
 in the folder's ``.bytes`` file under an ``flock``, so the processes of a node together stay
 within ``Cache.disk_bytes`` (admitted once, never evicted). ``.last_use`` is touched as the
 namespace is used; a folder unused for ``Cache.ttl_s`` is removed by the next process that
@@ -21,20 +21,19 @@ import contextlib
 import fcntl
 import os
 import pickle
-import queue
 import shutil
 import tempfile
-import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from dpex.cache.disk_writer import Writer
 from dpex.cache.private_folder import checked_folder, file_mode, folder_mode
 
 if TYPE_CHECKING:
     from dpex.cache.options import Cache
 
 MISS = object()
-_QUEUE = 16
 
 # Per process: the checked folder of each (disk_dir, disk_shared_with_group), or None
 # where the default folder was refused (warned once). See open_tier.
@@ -78,7 +77,7 @@ class DiskTier:
         self._group = group
         self._ttl_s = ttl_s
         self._touched = 0.0
-        self._queue: queue.Queue | None = None
+        self._writer: Writer | None = None
         if not self.full:
             self.path = os.path.join(checked_folder(folder, group=group), namespace)
             self._make_namespace_folder()
@@ -131,21 +130,23 @@ class DiskTier:
             pass
 
     def put(self, key: str, stored: Any) -> int:
-        """Hand ``stored``, pickled, to the writer thread, which keeps it if it fits the
-        budget; its bytes, or 0 when it is not kept (the budget is full, or the writer is
-        behind)."""
+        """Write ``stored``, pickled, if it fits the budget: by the writer thread, or now
+        where that thread is behind (NOTE [ dpex Cache Disk Writer ]); its bytes, or 0
+        when the budget is known to be full."""
         from dpex.cache import entries
 
         if self.full:
             return 0
-        if self._queue is None:
-            self._queue = queue.Queue(_QUEUE)
-            threading.Thread(target=self._write_all, daemon=True, name="dpex-cache-disk").start()
-        try:  # pickled now: the value may change once the stage's caller has it
-            self._queue.put_nowait((key, pickle.dumps(stored, protocol=5)))
-        except queue.Full:
-            return 0
+        if self._writer is None:
+            self._writer = Writer(self._write)
+        # Pickled now: the value may change once the stage's caller has it.
+        self._writer.hand(key, pickle.dumps(stored, protocol=5))
         return entries.nbytes(stored)
+
+    def take_not_kept(self) -> Counter:
+        """Entries handed to ``put`` and not kept since the last call, by why (``budget``,
+        ``writer``)."""
+        return self._writer.take_not_kept() if self._writer is not None else Counter()
 
     def probe_read(self, key: str, stored: Any) -> float:
         """What reading the entry back costs: from its file once written, else the same
@@ -158,35 +159,32 @@ class DiskTier:
         return time.perf_counter() - started
 
     def settle(self, timeout_s: float | None = None) -> None:
-        """Wait until every entry handed to the writer is written (or refused), or at
-        most ``timeout_s``."""
-        if self._queue is None:
-            return
-        if timeout_s is None:
-            self._queue.join()
-            return
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.005)
+        """Write every entry handed to ``put`` (or learn it is refused), for at most
+        ``timeout_s``: this thread writes beside the writer's."""
+        if self._writer is not None:
+            self._writer.settle(timeout_s)
 
-    def _write_all(self) -> None:
-        while True:
-            key, data = self._queue.get()
-            try:
-                if not self.full:
-                    self._write(key, data)
-            finally:
-                self._queue.task_done()
+    def _write(self, key: str, data: bytes) -> bool:
+        from dpex.cache import reads
 
-    def _write(self, key: str, data: bytes) -> None:
-        if not self._admit(len(data)):
-            return
+        with reads.not_recorded():  # written in a stage's thread: no read of that stage
+            return self._write_unrecorded(key, data)
+
+    def _write_unrecorded(self, key: str, data: bytes) -> bool:
+        if self.full or not self._admit(len(data)):
+            return False
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")  # mode 0600
-        if self._group:
-            os.fchmod(fd, file_mode(True))
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, os.path.join(self.path, key))
+        try:
+            if self._group:
+                os.fchmod(fd, file_mode(True))
+            with os.fdopen(fd, "wb") as f:
+                write_file(f, data)
+            os.replace(tmp, os.path.join(self.path, key))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return True
 
     def touch(self) -> None:
         now = time.time()
@@ -207,6 +205,11 @@ class DiskTier:
                 return False
             f.seek(0), f.truncate(), f.write(str(used + nbytes))
             return True
+
+
+def write_file(f: BinaryIO, data: bytes) -> None:
+    """An entry's bytes into its (temporary) file: the disk's part of a write."""
+    f.write(data)
 
 
 def is_miss(value: Any) -> bool:

@@ -10,11 +10,37 @@ of its block in place, and a copy. A ``ray.get`` per hit cost 70 us on idle core
 time (py-spy, a JPEG decode cached). A mapped block pins its bytes in the store, within
 the tier's budget; the map is dropped when the process goes back to its pool and when the
 owner goes. Its index costs a process a key and an int per entry: the entries themselves
-stay in their blocks (benchmarks/scale_shared.py measures both at a million entries)."""
+stay in their blocks (benchmarks/scale_shared.py measures both at a million entries).
+
+NOTE [ dpex Cache Sends ]
+
+What a process computed must reach its node's owner before the process ends, or a later
+epoch and a later job compute it again. A send is an actor call (``CacheOwner.put``, 16
+entries or what ``_SYNC_S`` gathered); Ray queues it in the sending process while the
+owner is starting (a second or two, more on a loaded machine), and a process that ends
+then takes the queued calls with it: on a `ray start` head, one second job in two computed
+all its samples again.
+* The process keeps each send's reference and entries until the owner has answered
+  (``_inflight``); it drops the answered ones as it polls.
+* A send that failed (the owner died starting, or went) is sent again, once, to the owner
+  of that name (a new one if none runs); a second failure, or one while the owner is known
+  removed, counts its entries as not kept (``not_kept["owner"]``).
+* ``settle`` (called before the process ends: the trainer's pool settles its idle
+  processes before it kills them, pool.py) sends what is pending and waits, within a
+  bound, for every answer; what has no answer by then counts as not kept.
+* The lookups of an epoch's start wait for the owner's index (NOTE below, ``refresh``).
+
+The index at an epoch's start
+  A lookup made before the owner's index arrived was a miss, and computed a sample the
+  cache held (a steady 15 a job on a loaded 2-core machine). So ``refresh`` asks for the
+  index, and a lookup of a key not in it waits for that answer, at most ``_FIRST_SYNC_S``
+  from the ask, before it counts as a miss: once an epoch, and only with an owner there.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from dpex.cache import disk, entries
@@ -25,10 +51,10 @@ from dpex.ray_session import object_store_capacities
 _SYNC_S = 0.5  # how often a process reads its node owner's new entries
 _SEND_EVERY = 16  # entries sent to the owner in one call (or every _SYNC_S)
 _GET_TIMEOUT_S = 10.0  # an entry not read in this long (its node is going): a miss
-# At an epoch's start, a process waits this long at most for a running owner's index. It
-# answers in milliseconds; on a loaded machine it took over 0.2 s, and each lookup made
-# before its answer computed a sample the cache held (a later job computed a batch again).
-_FIRST_SYNC_S = 2.0
+# At an epoch's start, a lookup of a key not yet indexed waits this long at most, from the
+# ask, for a running owner's index. It answers in milliseconds; on a loaded machine it took
+# over 0.2 s, and 2 s at times (NOTE [ dpex Cache Sends ]).
+_FIRST_SYNC_S = 10.0
 _SPAN = 2**20  # an index entry is its block's number * _SPAN + its place in the block
 # (more than a block holds: owner.BLOCK_ENTRIES)
 
@@ -51,8 +77,13 @@ class MemoryTier:
         self._seen = 0  # blocks listed by the owner so far
         self._indexed = 0  # blocks whose keys are in the index (in order: later ones win)
         self._sent_bytes = 0
-        self._pending: list[tuple[str, Any, int]] = []
+        self._pending: list[tuple[str, Any, int, bool]] = []
+        # Sends the owner has not answered: (reference, entries, tries).
+        self._inflight: list[tuple[Any, list, int]] = []
+        self._not_kept: Counter = Counter()
+        self._removed = False  # the owner went (dpex cache rm, expired): no send again
         self._asked: Any = None
+        self._index_due: float | None = None  # until when a lookup waits for the index
         self._asked_at = self._sent_at = time.monotonic()
         self.refresh()
 
@@ -62,6 +93,8 @@ class MemoryTier:
 
         self.poll()
         where = self._index.get(key)
+        if where is None and self._index_due is not None:
+            where = self._await_index(key)
         if where is None:
             return disk.MISS
         number, position = divmod(where, _SPAN)
@@ -76,6 +109,18 @@ class MemoryTier:
                 del self._refs[number]
                 return disk.MISS
         return entries.from_parts(block_parts(block, position))
+
+    def _await_index(self, key: str) -> int | None:
+        """Wait for the answer ``refresh`` asked for, until ``_index_due``; where ``key``
+        is then (NOTE [ dpex Cache Sends ])."""
+        import ray
+
+        due, self._index_due = self._index_due, None
+        if self._asked is not None and ray.wait(
+                [self._asked], timeout=max(0.0, due - time.monotonic()))[0]:
+            self._asked_at = 0.0  # answered: poll takes it now
+            self.poll()
+        return self._index.get(key)
 
     def unmap(self) -> None:
         """Let go of the blocks read in place (this process goes back to its pool)."""
@@ -136,9 +181,52 @@ class MemoryTier:
 
     def send(self) -> None:
         if self._pending:
-            self._owner.put.remote(self._pending)
+            self._inflight.append((self._owner.put.remote(self._pending), self._pending, 1))
             self._pending = []
             self._sent_at = time.monotonic()
+
+    def settle(self, timeout_s: float) -> None:
+        """Send what is pending and wait until the owner has answered every send, for at
+        most ``timeout_s``; what it has not answered by then counts as not kept."""
+        self.send()
+        deadline = time.monotonic() + timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            self._collect(max(0.0, deadline - time.monotonic()))
+        for _, items, _ in self._inflight:
+            self._not_kept["owner"] += len(items)
+        self._inflight = []
+
+    def take_not_kept(self) -> Counter:
+        out, self._not_kept = self._not_kept, Counter()
+        return out
+
+    def _collect(self, timeout_s: float) -> None:
+        """Drop the sends the owner answered (within ``timeout_s``); send a failed one
+        again, once, to the owner of its name (NOTE [ dpex Cache Sends ])."""
+        import ray
+        from ray.exceptions import RayActorError, RayError
+
+        if not self._inflight:
+            return
+        refs = [ref for ref, _, _ in self._inflight]
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0])
+        waiting = []
+        for ref, items, tries in self._inflight:
+            if ref not in done:
+                waiting.append((ref, items, tries))
+                continue
+            try:
+                ray.get(ref)
+            except RayActorError:
+                if tries > 1 or self._removed:  # failed again, or the owner was removed
+                    self._not_kept["owner"] += len(items)
+                    continue
+                self._owner = owner_for(user(), self._name, self._label, self._node,
+                                        self.limit, self._ttl_s)
+                waiting.append((self._owner.put.remote(items), items, tries + 1))
+            except RayError:  # the call failed in the owner: not sent again
+                self._not_kept["owner"] += len(items)
+        self._inflight = waiting
 
     def poll(self) -> None:
         """Take the owner's answer when it is there; ask again every _SYNC_S."""
@@ -154,10 +242,12 @@ class MemoryTier:
             return
         if now - self._asked_at < 0.02 or not ray.wait([self._asked], timeout=0)[0]:
             return
+        self._index_due = None
         try:
             count, new, full = ray.get(self._asked)
         except RayActorError:  # removed (dpex cache rm) or expired: no memory tier now
             self._index, self._refs, self._mapped, self.full, self._asked = {}, {}, {}, True, None
+            self._removed = True
             return
         for offset, box in enumerate(new):
             self._refs[self._seen + offset] = box[0]
@@ -167,23 +257,20 @@ class MemoryTier:
         self._map()
 
     def refresh(self) -> None:
-        """Ask for the owner's latest entries and wait a little for them (a local call:
-        milliseconds), so that the epoch's first lookups do not recompute what is there;
-        not for an owner still starting (its entries are then still few)."""
-        import ray
-
+        """Ask for the owner's latest entries: the epoch's lookups of keys not indexed yet
+        wait for the answer (``_FIRST_SYNC_S`` at most), so that they do not recompute what
+        is there; not with no owner (nothing is there)."""
         if self._owner is None:
             self._owner = existing_owner(user(), self._name, self._node)
             if self._owner is None:
                 return
         self._ask()  # afresh: an answer still pending was asked before the last epoch's end
-        if ray.wait([self._asked], timeout=_FIRST_SYNC_S)[0]:
-            self._asked_at = 0.0  # answered: poll takes it now
-            self.poll()
+        self._index_due = time.monotonic() + _FIRST_SYNC_S
 
     def _ask(self) -> None:
         self.send()
         if self._owner is None:
             return
+        self._collect(0.0)
         self._asked = self._owner.updates.remote(self._seen)
         self._asked_at = time.monotonic()

@@ -115,6 +115,18 @@ def record() -> Iterator[list[Reads]]:
             previous[1].extend(opened)
 
 
+@contextmanager
+def not_recorded() -> Iterator[None]:
+    """The cache's own files (a disk entry a worker writes itself, inside a stage that
+    computes another: disk_writer.py) are no read of the computation this thread records."""
+    previous = getattr(_local, "recording", None)
+    _local.recording = None
+    try:
+        yield
+    finally:
+        _local.recording = previous
+
+
 def add(files: tuple[tuple[str, Signature], ...]) -> None:
     """Count ``files`` as read by the computation this thread records, if any: those of
     a cached stage's hit (or miss) inside another stage, whose value they make too."""

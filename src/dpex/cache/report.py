@@ -21,8 +21,17 @@ class CacheStats:
             (it is computed again, and stored in its place).
         unseen_reads: computations that read what dpex cannot check (a C library opening
             a file itself, a handle opened earlier, a socket): their results are not kept.
-        memory_admitted, disk_admitted: entries this loader's processes stored in each.
+        memory_admitted, disk_admitted: entries this loader's processes handed to each
+            (a computed entry goes to every tier with room: the disk too).
         memory_bytes, disk_bytes: their bytes.
+        not_kept_budget: computed entries no tier kept because its byte budget was full
+            (found full as the entry was computed, or as the disk writer wrote it).
+        not_kept_writer: entries the disk tier did not write: the write failed (a full
+            disk, the folder removed), or the process ended before its writer was done.
+        not_kept_owner: entries sent to the node's owner that it never received: the send
+            failed twice, or the process ended before the owner answered (docs/caching.md,
+            "When an entry is computed twice"). An entry counted here may still be on
+            disk, and one counted under ``not_kept_writer`` in the object store.
         compute_s, compute_cpu_s: wall and CPU seconds the stage ran (the misses).
         read_s: seconds spent reading hits back (lookup, read, copy).
         decision: the processes' last word: ``measuring``, ``cache`` (reading back costs
@@ -42,6 +51,9 @@ class CacheStats:
     disk_admitted: int = 0
     memory_bytes: int = 0
     disk_bytes: int = 0
+    not_kept_budget: int = 0
+    not_kept_writer: int = 0
+    not_kept_owner: int = 0
     compute_s: float = 0.0
     compute_cpu_s: float = 0.0
     read_s: float = 0.0
@@ -52,6 +64,11 @@ class CacheStats:
         return self.memory_hits + self.disk_hits
 
     @property
+    def not_kept(self) -> int:
+        """Entries a tier was meant to keep and did not (``not_kept_*``)."""
+        return self.not_kept_budget + self.not_kept_writer + self.not_kept_owner
+
+    @property
     def hit_rate(self) -> float:
         lookups = self.hits + self.misses
         return self.hits / lookups if lookups else 0.0
@@ -60,7 +77,10 @@ class CacheStats:
         return (f"{self.stage}: {self.hit_rate:.0%} hits ({self.memory_hits} memory, "
                 f"{self.disk_hits} disk, {self.misses} computed), stored "
                 f"{self.memory_bytes / 2**20:.1f} MiB in memory and "
-                f"{self.disk_bytes / 2**20:.1f} MiB on disk; {self.decision}")
+                f"{self.disk_bytes / 2**20:.1f} MiB on disk; {self.decision}"
+                + (f"; {self.not_kept} not kept ({self.not_kept_budget} budget, "
+                   f"{self.not_kept_writer} writer, {self.not_kept_owner} owner)"
+                   if self.not_kept else ""))
 
 
 class CacheCounters:

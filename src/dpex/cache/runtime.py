@@ -21,12 +21,16 @@ Where a lookup goes (``Space.get``)
      found in either whose recorded files changed since is stale: the lookup goes on, and
      the stage's new result takes the entry's place);
   3. a miss: the stage runs between two snapshots of the generators, recording what it
-     reads, and its result is admitted to the first tier that has room (policy.py:
+     reads, and its result is admitted to every tier that has room (policy.py:
      admitted once, never evicted), unless reading back was measured to cost more than
      computing (policy.py) or it read what cannot be checked (reads.py).
   A worker process that is not a Ray process (the local processes a cold start begins
   on) has the disk tier only; a Ray process moves the disk entries it reads into the
   object store while there is room.
+
+  A computed entry goes to every tier with room (the disk too, for a later job or a node
+  whose store is full), and a task's batch is done once its entries are written and sent
+  (``take_counters``): in the next epoch, another process finds them.
 
 What the trainer sees
   Each task's result carries the counters of its process's cache since the last one
@@ -55,9 +59,9 @@ from dpex.cache.policy import (
 from dpex.cache.rng_guard import RngSnapshot
 
 _ACTIVE: CacheRuntime | None = None
-_SETTLE_S = 1.0  # the longest a process that goes back to its pool or ends waits for its
-# disk writer: a local process that ended with entries queued lost them, and a later epoch
-# or job computed them again
+_SETTLE_S = 1.5  # the longest a process that goes back to its pool or ends waits for its
+# disk writer: a local process that ended with entries unwritten lost them, and a later
+# epoch or job computed them again (it has 2 s to end: local_workers._STOP_WAIT_S)
 
 
 def active() -> CacheRuntime | None:
@@ -81,6 +85,11 @@ def take_counters() -> dict[str, dict[str, Any]] | None:
 def flush() -> None:
     if _ACTIVE is not None:
         _ACTIVE.flush()
+
+
+def settle(timeout_s: float) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.settle(timeout_s)
 
 
 def refresh() -> None:
@@ -119,9 +128,13 @@ class CacheRuntime:
         return value
 
     def take_counters(self) -> dict[str, dict[str, Any]] | None:
+        """The counters since the last call, at the end of a task (its batch is done):
+        once its entries are written and sent, so that another process's lookup in the
+        next epoch finds them, and the counts say what was kept."""
         out = {}
         for name, space in self._spaces.items():
-            space.poll()
+            space.end_of_task()
+            space.take_not_kept()
             if space.counters:
                 out[name] = {"stage": space.label, "decision": space.decision(),
                              **space.counters}
@@ -129,15 +142,25 @@ class CacheRuntime:
         return out or None
 
     def flush(self) -> None:
-        """Send the entries still pending, write those the disk writer holds (its queue
-        is short; bounded), and let go of those read in place (the process goes back to
-        its pool or ends, or the cache settings changed)."""
+        """Send the entries still pending, write those the disk writer holds (bounded:
+        _SETTLE_S), and let go of those read in place (the process goes back to its pool
+        or ends, or the cache settings changed)."""
         for space in self._spaces.values():
             if space.memory is not None:
                 space.memory.send()
                 space.memory.unmap()
             if space.disk is not None:
                 space.disk.settle(timeout_s=_SETTLE_S)
+
+    def settle(self, timeout_s: float) -> None:
+        """Before the process ends: wait until the node's owners have every entry sent
+        (resent to an owner that failed) and the disk has every entry written, for at most
+        ``timeout_s`` in all (NOTE [ dpex Cache Sends ], memory.py)."""
+        deadline = time.monotonic() + timeout_s
+        for space in self._spaces.values():
+            for tier in (space.memory, space.disk):
+                if tier is not None:
+                    tier.settle(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def _space(self, stage: Any, owner: Any) -> Space:
         memo_key = (id(stage), id(owner))
@@ -186,9 +209,12 @@ class Space:
             return "full"
         return decided
 
-    def poll(self) -> None:
+    def end_of_task(self) -> None:
         if self.memory is not None:
+            self.memory.send()
             self.memory.poll()
+        if self.disk is not None:
+            self.disk.settle(timeout_s=_SETTLE_S)
 
     def get(self, key: str) -> Any:
         started = time.perf_counter()
@@ -241,17 +267,29 @@ class Space:
         probing = len(self.cost.read_s) < MIN_SAMPLES
         replace = key in self._stale
         self._stale.discard(key)
+        # Every tier with room keeps it: the object store for this job's next reads, the
+        # disk for a later job's, or a node whose store is full (NOTE [ dpex Exact Cache ]).
+        stored = entries.Entry(entries.pack(value), read.files)
+        kept = False
         for tier, counter in ((self.memory, "memory"), (self.disk, "disk")):
             if tier is None or tier.full:
                 continue
-            stored = entries.Entry(entries.pack(value), read.files)
             admitted = tier.put(key, stored, replace) if tier is self.memory else tier.put(key, stored)
             if admitted:
                 self.counters[f"{counter}_admitted"] += 1
                 self.counters[f"{counter}_bytes"] += admitted
-                if probing:  # what reading it back costs, by the path a hit takes
+                if probing and not kept:  # what reading it back costs, by a hit's path
                     self.cost.add_read(tier.probe_read(key, stored))
-            return
+                kept = True
+        if not kept:
+            self.counters["not_kept_budget"] += 1
+
+    def take_not_kept(self) -> None:
+        """Add the tiers' counts of entries they were handed and did not keep."""
+        for tier in (self.memory, self.disk):
+            if tier is not None:
+                for reason, n in tier.take_not_kept().items():
+                    self.counters[f"not_kept_{reason}"] += n
 
 
 def _ref(obj: Any) -> Any:

@@ -306,7 +306,8 @@ class ProcessLifecycle:
             if isinstance(proc.actor, LocalActor):
                 pass  # stopped above, all at once
             elif keep:
-                POOL.release(proc.actor, self._options, proc.node_id, proc.keep_warm_s)
+                POOL.release(proc.actor, self._options, proc.node_id, proc.keep_warm_s,
+                             started=proc.ready_ref is None)
             else:
                 kill_quietly(proc.actor)
         self._forget_processes()
@@ -352,6 +353,8 @@ _exit_lock = threading.Lock()
 @atexit.register
 def _shutdown_all_at_exit() -> None:
     # Registered after ray's own atexit hook is imported, so it runs before Ray shuts down.
+    # Processes that owe nothing go to the pool, whose own exit hook (it runs after this
+    # one) lets their cache entries settle before it kills them (NOTE [ dpex Cache Sends ]).
     with _exit_lock:
         for it in list(live_iterators):
-            it._shutdown_workers()
+            it._shutdown_workers(reuse=True)

@@ -34,7 +34,11 @@ What is released when
     enter it on release); each idle actor is killed ``idle_timeout_s`` (a ``WorkerOptions``
     field, default 120 s) after its release, by a daemon reaper thread; sooner on a node
     the autoscaler added for a loader (NOTE [ dpex Cluster Growth ]).
-  * ``dpex.shutdown_pool()`` kills every idle actor now; an ``atexit`` hook (registered after
+  * An actor that cannot be kept is killed once its cache's entries have settled (a
+    thread waits for it: NOTE [ dpex Cache Sends ]).
+  * ``dpex.shutdown_pool()`` kills every idle actor now, once its cache's entries have
+    reached their node's owner and disk (``Worker.settle_cache``, at most
+    ``_SETTLE_CACHE_S``: NOTE [ dpex Cache Sends ]); an ``atexit`` hook (registered after
     Ray's own, so it runs before Ray stops) does the same at interpreter exit.
   * ``ray.shutdown()`` by the user: Ray kills the actors with the session; at the next
     ``ray.init`` the pool hands the stale handles to ``session_handles.keep``, untouched
@@ -71,12 +75,14 @@ from dpex.ray_session import session_handles
 from dpex.workers.options import WorkerOptions
 
 _RESERVING = ("num_cpus", "num_gpus", "memory", "resources")
+_SETTLE_CACHE_S = 10.0  # the longest shutdown waits for idle actors' cache entries
 
 
 @dataclass
 class _Idle:
     actor: Any
     deadline: float
+    started: bool = True  # it has answered (hosted a worker): it may hold cache entries
 
 
 class WorkerPool:
@@ -87,6 +93,7 @@ class WorkerPool:
         self._wakeup = threading.Condition(self._lock)
         self._idle: dict[tuple, list[_Idle]] = {}
         self._reaper: threading.Thread | None = None
+        self._closing: list[Any] = []  # not kept: killed once their cache settled
         self.created = 0  # actors this pool's users started, for tests and the benchmark
         self.reused = 0
         # A process of this Ray session has answered: Ray starts worker processes in about
@@ -109,13 +116,14 @@ class WorkerPool:
         return actor_cls.options(name=name, **actor_options).remote()
 
     def release(self, actor: Any, options: WorkerOptions, node_id: str | None,
-                keep_s: float | None = None) -> None:
+                keep_s: float | None = None, started: bool = True) -> None:
         """Take back an actor whose worker ended cleanly, for ``keep_s`` seconds at most
-        (None: ``options.idle_timeout_s``); kill it when it cannot be kept."""
+        (None: ``options.idle_timeout_s``); kill it when it cannot be kept. ``started``:
+        it has answered (one still starting has no cache entries to settle)."""
         keep_s = options.idle_timeout_s if keep_s is None else min(keep_s, options.idle_timeout_s)
         key = _key(options.actor_options(node_id), node_id)
         if key is None or not options.reuse_processes or not ray.is_initialized() or keep_s <= 0:
-            kill_quietly(actor)
+            self._kill_settled(actor, started)
             return
         try:
             actor.release.remote()  # drop the replica now, not at the next begin
@@ -125,9 +133,28 @@ class WorkerPool:
         with self._lock:
             self._check_session()
             deadline = time.monotonic() + keep_s
-            self._idle.setdefault(key, []).append(_Idle(actor, deadline))
+            self._idle.setdefault(key, []).append(_Idle(actor, deadline, started))
             self._ensure_reaper()
             self._wakeup.notify()
+
+    def _kill_settled(self, actor: Any, started: bool) -> None:
+        """Kill ``actor`` once its cache's entries have settled (NOTE [ dpex Cache Sends ]:
+        at most ``_SETTLE_CACHE_S``), in a thread of its own: the trainer goes on."""
+        if not started or not ray.is_initialized():
+            kill_quietly(actor)
+            return
+        with self._lock:
+            self._closing.append(actor)
+
+        def settle_and_kill() -> None:
+            _settle_caches([actor])
+            with self._lock:
+                if not any(a is actor for a in self._closing):
+                    return  # shutdown() took it
+                self._closing = [a for a in self._closing if a is not actor]
+            kill_quietly(actor)
+
+        threading.Thread(target=settle_and_kill, daemon=True, name="dpex-pool-settle").start()
 
     def warm_nodes(self, options: WorkerOptions) -> set[str]:
         """The nodes where an idle actor would fit a process of ``options``."""
@@ -148,16 +175,18 @@ class WorkerPool:
         with self._lock:
             self._check_session()
             idle, self._idle = self._idle, {}
-        for entries in idle.values():
-            for entry in entries:
-                kill_quietly(entry.actor)
+            closing, self._closing = self._closing, []
+        entries = [entry for each in idle.values() for entry in each]
+        _settle_caches([entry.actor for entry in entries if entry.started] + closing)
+        for actor in [entry.actor for entry in entries] + closing:
+            kill_quietly(actor)
 
     def forget_session(self) -> None:
         """The Ray session changed: keep the idle actors of the old one untouched
         (NOTE [ dpex Handles Stay in Their Ray Session ]). Called by ``session_handles``."""
         with self._lock:
-            session_handles.keep(self._idle)
-            self._idle = {}
+            session_handles.keep(self._idle, self._closing)
+            self._idle, self._closing = {}, []
             self.answered = False
 
     def _check_session(self) -> None:
@@ -212,6 +241,23 @@ def _freeze(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(v) for v in value)
     return value
+
+
+def _settle_caches(actors: list[Any]) -> None:
+    """Wait, at most ``_SETTLE_CACHE_S``, for ``actors`` to have sent and written the
+    cache entries they computed: a killed process loses them (NOTE [ dpex Cache Sends ])."""
+    if not actors or not ray.is_initialized():
+        return
+    refs = []
+    for actor in actors:
+        try:
+            refs.append(actor.settle_cache.remote(_SETTLE_CACHE_S - 1.0))
+        except Exception:  # a handle of an ended session, a dead actor: nothing to wait for
+            pass
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=_SETTLE_CACHE_S)
+    except Exception:
+        pass
 
 
 def kill_quietly(actor: Any) -> None:

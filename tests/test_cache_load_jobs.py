@@ -1,0 +1,149 @@
+"""Whole jobs on a busy machine (issue 54): ``python job.py`` as a user runs it, 4 epochs,
+with a process busy beside it at normal priority; then the same job again. The first
+runs its cached stage once per sample, the second for no sample, pair after pair: on a
+`ray start` head (a real one, benchmarks/clusters) and on the embedded Ray (the first
+epochs on local processes, the object store gone with the job: the disk carries the
+entries to the next job). The batches are torch's in every job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from clusters.nodes import NodeCluster, why_not
+from conftest import user_env
+from test_cache_load import busy_neighbour  # noqa: F401 -- a fixture
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+N = 48
+HEAD_PAIRS = 5
+EMBEDDED_PAIRS = 3
+
+PHOTOS = '''
+import os
+import time
+
+import numpy as np
+import torch
+
+import dpex
+
+
+class Photos(torch.utils.data.Dataset):
+    """A folder of files; the cached stage reads one and "decodes" it (5 ms), noting its
+    run in a file per process; a random flip after it."""
+
+    def __init__(self, root, runs):
+        self.root, self.runs = root, runs
+        self.names = sorted(os.listdir(root))
+
+    def __len__(self):
+        return len(self.names)
+
+    @dpex.cached
+    def decode(self, i):
+        with open(os.path.join(self.runs, f"runs-{os.getpid()}"), "a") as log:
+            log.write(f"{i}\\n")
+        with open(os.path.join(self.root, self.names[i]), "rb") as f:
+            data = f.read()
+        time.sleep(0.005)
+        return np.frombuffer(data, dtype=np.uint8).astype(np.float32) * 2.0
+
+    def __getitem__(self, i):
+        image = torch.from_numpy(self.decode(i).copy())
+        return image.flip(0) if torch.rand(()) < 0.5 else image
+'''
+
+JOB = '''
+import json
+import os
+import sys
+
+import torch
+
+import dpex
+from photos import Photos
+
+EPOCHS = 4
+
+
+def epochs(loader_class, **kwargs):
+    torch.manual_seed(0)
+    loader = loader_class(Photos(sys.argv[1], sys.argv[2]), batch_size=8, shuffle=True,
+                          num_workers=2, **kwargs)
+    return [list(loader) for _ in range(EPOCHS)], loader
+
+
+def runs():
+    folder = sys.argv[2]
+    return sum(1 for name in os.listdir(folder) for _ in open(os.path.join(folder, name)))
+
+
+if __name__ == "__main__":
+    expected, _ = epochs(torch.utils.data.DataLoader)
+    before = runs()
+    got, loader = epochs(dpex.DataLoader, distribute_mode=True,
+                         cache=dpex.Cache(disk_dir=sys.argv[3]))
+    computed = runs() - before
+    (stage,) = loader.stats().cache
+    print(json.dumps({
+        "equal": [all(torch.equal(a, b) for a, b in zip(e, g, strict=True))
+                  for e, g in zip(expected, got, strict=True)],
+        "computed": computed, "not_kept": stage.not_kept, "unseen": stage.unseen_reads,
+        "hits": stage.hits, "summary": stage.summary()}))
+'''
+
+
+@pytest.fixture
+def project(tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "photos.py").write_text(textwrap.dedent(PHOTOS))
+    (folder / "job.py").write_text(textwrap.dedent(JOB))
+    return folder
+
+
+def _images(folder, seed: int) -> str:
+    """A dataset of its own per pair (its namespace is new: the pair starts cold)."""
+    folder.mkdir()
+    for n in range(N):
+        (folder / f"{n:03}.jpg").write_bytes(bytes([(n + seed) % 256]) * 48)
+    return str(folder)
+
+
+def _job(project, images: str, runs, cache, **env: str) -> dict:
+    runs.mkdir(exist_ok=True)
+    proc = subprocess.run([sys.executable, "job.py", images, str(runs), str(cache)],
+                          cwd=project, env=user_env(**env), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _pairs(project, tmp_path, pairs: int, **env: str) -> None:
+    for pair in range(pairs):
+        images = _images(tmp_path / f"images{pair}", pair)
+        cache, runs = tmp_path / f"cache{pair}", tmp_path / f"runs{pair}"
+        first = _job(project, images, runs, cache, **env)
+        assert first["equal"] == [True] * 4, first
+        assert first["computed"] == N and first["not_kept"] == 0, (pair, first)
+        second = _job(project, images, runs, cache, **env)
+        assert second["equal"] == [True] * 4, second
+        assert second["computed"] == 0 and second["hits"] == 4 * N, (pair, second)
+
+
+@pytest.mark.skipif(why_not(1, 2) is not None, reason=str(why_not(1, 2)))
+def test_a_second_job_on_a_ray_start_head_runs_the_stage_for_no_sample(
+        project, tmp_path, busy_neighbour):
+    with NodeCluster(1, cores_per_node=2) as cluster:
+        _pairs(project, tmp_path, HEAD_PAIRS, RAY_ADDRESS=cluster.address)
+
+
+def test_a_second_job_on_the_embedded_ray_runs_the_stage_for_no_sample(
+        project, tmp_path, busy_neighbour):
+    _pairs(project, tmp_path, EMBEDDED_PAIRS)
