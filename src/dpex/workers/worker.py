@@ -257,8 +257,7 @@ class Worker:
         clear_worker_info()
 
     def settle_cache(self, timeout_s: float) -> None:
-        """Before this process is killed (pool.py): its cache's entries reach the node's
-        owner and disk, within ``timeout_s`` (NOTE [ dpex Cache Sends ])."""
+        """Before this process is killed (pool.py): NOTE [ dpex Cache Sends ]."""
         cache_runtime.settle(timeout_s)
 
     def _new_fetcher(self, replica: _Replica) -> None:
