@@ -134,8 +134,15 @@ class NodeCluster:
         env = plain_env(RAY_TMPDIR=self.temp_dir)
         subprocess.run([RAY, "get-auth-token", "--generate"], env=env, capture_output=True,
                        check=True, timeout=60)  # makes a token only if there is none
+        port = free_port()
         try:
-            port = self._start_head(env)
+            # A port of its own for the dashboard too: with --include-dashboard=false, Ray
+            # 2.60's head still binds 8265, and where another Ray holds it (the other xdist
+            # process's), its GCS never answers (Deadline Exceeded, test_cache_load_jobs).
+            self._wait(0, self._ray_start(0, ["--head", f"--port={port}",
+                                              f"--ray-client-server-port={free_port()}",
+                                              f"--dashboard-port={free_port()}",
+                                              "--include-dashboard=false"], env))
             self.address = f"127.0.0.1:{port}"
             joining = [self._ray_start(i, [f"--address={self.address}"],
                                        {**env, "RAY_AUTH_MODE": "token"})
@@ -146,26 +153,6 @@ class NodeCluster:
             self.stop()
             raise
         return self
-
-    def _start_head(self, env: dict[str, str]) -> int:
-        """Start the head; its port. Tried twice: on a loaded machine `ray start` may give up
-        waiting for its own GCS ("Failed to get node info: Deadline Exceeded", after 30 s)
-        where the next try starts in seconds; the first try's processes are killed first."""
-        for attempt in (1, 2):
-            port = free_port()
-            proc = self._ray_start(0, ["--head", f"--port={port}",
-                                       f"--ray-client-server-port={free_port()}",
-                                       "--include-dashboard=false"], env)
-            try:
-                self._wait(0, proc)
-                return port
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-                self.stop()
-                self.groups = []
-                os.makedirs(self.temp_dir, exist_ok=True)
-        raise AssertionError("unreachable")
 
     def _ray_start(self, i: int, args: list[str], env: dict[str, str]) -> subprocess.Popen:
         resources = {upto_resource(k): 1000 for k in self.upto if i < k}
