@@ -229,9 +229,10 @@ def begin_stream(loader: Any, resume: PendingResume | None
     saved = StreamPosition.from_plain(resume.stream)
     mismatch = saved.describe_mismatch(units, dataset.epoch)
     if mismatch:
-        raise ValueError(f"the state's stream differs from this loader's dataset: {mismatch}"
-                         f" (call set_epoch({saved.epoch}) on the dataset before iterating "
-                         f"the resumed epoch)")
+        hint = (f" (call set_epoch({saved.epoch}) on the dataset before iterating the "
+                f"resumed epoch)" if saved.epoch != dataset.epoch else "")
+        raise ValueError(f"the state's stream differs from this loader's dataset: "
+                         f"{mismatch}{hint}")
     position = saved.resumed_on(dataset.world_size, workers)
     if position is saved and resume.stream.get("rank") == dataset.rank:
         return StreamEpoch(position, dataset.rank), resume  # each replica where it stood
