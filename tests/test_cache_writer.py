@@ -36,10 +36,10 @@ def _entry(i: int) -> entries.Entry:
 
 
 def test_a_tight_loop_of_puts_on_a_slow_disk_keeps_every_entry(tmp_path, monkeypatch):
-    _slow_file_writes(monkeypatch, 0.005)
+    _slow_file_writes(monkeypatch, 0.01)
     tier = disk.DiskTier(str(tmp_path), "ns", 2**30, 3600.0)
     for i in range(192):
-        time.sleep(0.001)  # the stage: faster than the disk
+        time.sleep(0.001)  # the stage: 10 times faster than the disk
         assert tier.put(f"k{i}", _entry(i)) > 0
     tier.settle(timeout_s=30)
     assert _files(tier) == {f"k{i}" for i in range(192)}  # the queue kept 17 of them
@@ -85,7 +85,9 @@ def test_settle_writes_beside_the_thread_and_counts_what_is_left_at_its_bound():
     for i in range(6):
         writer.hand(f"k{i}", b"x")
     left = writer.settle(timeout_s=0.2)  # each thread finishes the write it began
-    assert 0 < left <= 4 and writer.take_not_kept() == {"writer": left}
+    # settle wrote one itself, beside the thread (which may not have begun one yet on a
+    # busy machine): at most 5 are left, the thread's one in hand among them if it has one.
+    assert written and 0 < left <= 5 and writer.take_not_kept() == {"writer": left}
     assert writer.settle(timeout_s=30) == 0 and sorted(written) == [f"k{i}" for i in range(6)]
 
 
@@ -126,8 +128,9 @@ def test_an_entry_no_tier_has_room_for_is_counted_in_the_stats(disk_only_runtime
         stage.decode(i)
     disk_only_runtime.settle(10)
     (counters,) = runtime.take_counters().values()
-    # The first was handed to the writer, which found the budget full; the rest, none.
-    assert counters["misses"] == 4 and counters["disk_admitted"] == 1
+    # The first was handed to the writer, which found the budget full; the rest, none once
+    # it had (on a busy machine, a few more may be handed before the writer has run).
+    assert counters["misses"] == 4 and 1 <= counters["disk_admitted"] <= 4
     assert counters["not_kept_budget"] == 4, counters
 
 
