@@ -144,7 +144,7 @@ def child(kind: str, folder: str, epochs: int, cache_dir: str) -> None:
                      "hit_rate": hits / lookups if lookups else None})
     stats = loader.stats().cache if kind != "torch" else ()
     calls = (sum(s.misses for s in stats) if stats else epochs * len(paths)) / len(paths)
-    not_kept = sum(getattr(s, "not_kept", 0) for s in stats)
+    not_kept = sum(s.not_kept for s in stats)
     print(json.dumps({"kind": kind, "epochs": rows, "calls_per_sample": calls,
                       "not_kept": not_kept}), flush=True)
     del torch

@@ -69,12 +69,17 @@ if TYPE_CHECKING:
     from dpex.workers.process_handle import ProcessHandle
 
 
+def workers_cannot_move(dataset: Any, is_iterable: bool) -> bool:
+    """An ``IterableDataset`` without ``state_dict``: the NOTE's workers that stay local."""
+    return is_iterable and not callable(getattr(dataset, "state_dict", None))
+
+
 def can_start_locally(loader: Any, options: WorkerOptions, is_iterable: bool) -> bool:
     """The conditions of the NOTE's "When"."""
     # dpex's embedded Ray, before any of its processes answered, still starts locally; and
     # workers that cannot move always do there (a Ray process would take seconds to start).
-    cannot_move = is_iterable and not callable(getattr(loader.dataset, "state_dict", None))
-    cold_embedded_ray = ray_session.owns_ray_session() and (not POOL.answered or cannot_move)
+    cold_embedded_ray = ray_session.owns_ray_session() and (
+        not POOL.answered or workers_cannot_move(loader.dataset, is_iterable))
     if not options.local_start or (ray.is_initialized() and not cold_embedded_ray):
         return False
     if (options.avoid_trainer_node or options.resources or options.labels
@@ -140,7 +145,7 @@ class LocalStart:
         self._local_twins: dict[ProcessHandle, ProcessHandle] = {}  # Ray process -> local
         self._pending_setup: BesideTheLoop | None = None  # step 3's setup, while it runs
         # Workers that cannot move stay local (the NOTE's "When"): no head for them.
-        self._stay_local = self._is_iterable and not callable(getattr(dataset, "state_dict", None))
+        self._stay_local = workers_cannot_move(dataset, self._is_iterable)
         if self._stay_local:
             return
         ray_session.start_embedded()
