@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import time
 
 import torch
@@ -22,8 +23,9 @@ class RunLog:
     def __init__(self, folder: str) -> None:
         self._folder = folder
 
-    def note(self, i: int) -> None:
-        with open(os.path.join(self._folder, f"runs-{os.getpid()}"), "a") as f:
+    def note(self, i: int) -> None:  # a process id is a host's own: named with the host's
+        name = f"runs-{socket.gethostname()}-{os.getpid()}"
+        with open(os.path.join(self._folder, name), "a") as f:
             f.write(f"{i}\n")
 
 
@@ -129,18 +131,24 @@ class SlowDisk(Decoded):
     write_delay_s = 0.02  # four times the stage's 5 ms: the writer thread falls behind
 
 
+def warm_torch(worker_id: int) -> None:
+    """A ``worker_init_fn`` that draws once from a generator of its own: torch's first draw
+    in a process reads the CPU's description (14 read calls that dpex cannot see), which
+    made the process's first computed entry one that is not kept (``unseen_reads``:
+    docs/caching.md), and computed again later. A real stage sets its library up at import
+    likewise. It leaves the process's generators as they were."""
+    torch.rand(1, generator=torch.Generator())
+
+
 def slow_disk_writes(worker_id: int) -> None:
     """A test double of the file write only (``dpex.cache.disk.write_file``): it sleeps
     first while the worker's dataset is a ``SlowDisk``. Installed once per process; inert
     for the other datasets a pooled process hosts later.
 
-    It also draws once from a generator of its own: torch's first draw in a process reads
-    the CPU's description (14 read calls that dpex cannot see), which made the process's
-    first computed entry one that is not kept (``unseen_reads``: docs/caching.md), and
-    computed again later. A real stage sets its library up at import likewise."""
+    It also sets torch up first (``warm_torch``)."""
     from dpex.cache import disk
 
-    torch.rand(1, generator=torch.Generator())
+    warm_torch(worker_id)
 
     if getattr(disk.write_file, "slow_double", False):
         return

@@ -7,7 +7,8 @@ After every batch it reports a checkpoint holding the batches trained so far and
 ``loader.state_dict()``; a restarted rank resumes from the last one. Run by
 tests/ray_train_script.py. ``config["die_at"]``
 (epoch, step) makes rank 0 of the first attempt exit there, as a killed worker would. At
-the end each rank writes what it trained, and facts about its loader, to ``config["out"]``.
+the end each rank writes what it trained, and facts about its loader, to ``config["out"]``;
+with ``config["reference"]``, also the batches of Ray's recipe in that rank (``"torch"``).
 ``config["stop_at"]`` (epoch, step) ends every rank's loop after that step's checkpoint (a
 job stopped there), and ``config["resized"]`` marks a job restored from another job's
 checkpoint on another number of workers (tests/ray_train_resize_script.py).
@@ -77,6 +78,8 @@ def train_loop(config: dict) -> None:
         facts["delivered"], facts["events"] = stats.batches, [
             e.reason for e in stats.scaling_events]
     torch.save(trained, os.path.join(config["out"], f"{config['kind']}-rank{rank}.pt"))
+    if config.get("reference"):  # and, in the same rank, what Ray's recipe gives
+        torch.save(_recipe_batches(), os.path.join(config["out"], f"torch-rank{rank}.pt"))
     with open(os.path.join(config["out"], f"{config['kind']}-rank{rank}.json"), "w") as f:
         json.dump(facts, f)
 
@@ -88,6 +91,19 @@ def _prepared(kind: str):
             torch.utils.data.DataLoader(AugmentedDataset(48), **options))
     return prepare_data_loader(dpex.DataLoader(AugmentedDataset(48), **options,
                                                distribute_mode=True))
+
+
+def _recipe_batches() -> list:
+    """The reference: Ray's recipe (torch's DataLoader, Ray's ``prepare_data_loader``) in this
+    rank, seeded as ``train_loop`` seeds, over every epoch."""
+    ray.train.torch.enable_reproducibility(seed=7)
+    loader = _prepared("torch")
+    batches = []
+    for epoch in range(EPOCHS):
+        if ray.train.get_context().get_world_size() > 1:
+            loader.sampler.set_epoch(epoch)
+        batches.extend(loader)
+    return batches
 
 
 def _report(rank: int, epoch: int, trained: list, loader, kind: str) -> None:

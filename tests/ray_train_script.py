@@ -4,8 +4,9 @@ running ``ray_train_loop.train_loop`` with ``FailureConfig(max_failures=1)``.
     python tests/ray_train_script.py OUT KIND [DIE_EPOCH DIE_STEP]
 
 KIND ``torch`` is Ray's recipe as Ray documents it (torch's DataLoader, Ray's
-``prepare_data_loader``): run plainly it is the reference, run with ``python -m dpex run``
-it is zero-code mode. KIND ``dpex`` uses ``dpex.integrations.ray_train``.
+``prepare_data_loader``), run with ``python -m dpex run``: zero-code mode. KIND ``dpex`` uses
+``dpex.integrations.ray_train``; each of its ranks then also runs Ray's recipe plainly, the
+reference (``torch-rank*.pt``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def main(out: str, kind: str, die_at: tuple[int, int] | None) -> None:
     ray.init(address="local", num_cpus=4)
     TorchTrainer(
         train_loop,
-        train_loop_config={"kind": kind, "out": out, "die_at": die_at},
+        train_loop_config={"kind": kind, "out": out, "die_at": die_at,
+                           "reference": kind == "dpex"},
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(
             name=f"dpex-{kind}", storage_path=os.path.join(out, "storage"),

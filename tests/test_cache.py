@@ -207,6 +207,17 @@ def test_the_cost_model_caches_only_where_reading_back_pays():
     assert preempted.decision() == policy.CACHE
 
 
+def test_pulls_from_another_node_pay_while_their_mean_is_at_most_the_median_compute():
+    n = policy.MIN_SAMPLES
+    assert policy.pull_pays([1.0] * n, [0.001] * (n - 1))  # compute not measured enough
+    assert policy.pull_pays([1.0] * (n - 1), [0.001] * n)  # pulls not measured enough
+    # A block's pull with its first hit, then hits in place: the mean counts it.
+    assert policy.pull_pays([0.02] + [0.0001] * (n - 1), [0.005] * n)
+    assert not policy.pull_pays([0.08] + [0.0001] * (n - 1), [0.005] * n)
+    # The median compute, not the fastest: one quick call does not stop the pulls.
+    assert policy.pull_pays([0.004] * n, [0.0001] + [0.005] * (n - 1))
+
+
 def test_the_disk_tier_is_shared_by_a_nodes_processes_within_one_budget(tmp_path):
     a = DiskTier(str(tmp_path), "ns", limit=3000, ttl_s=60)
     b = DiskTier(str(tmp_path), "ns", limit=3000, ttl_s=60)

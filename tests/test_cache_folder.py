@@ -1,4 +1,4 @@
-"""The cache's disk tier is the user's alone (private_folder.py: NOTE [ dpex Cache Folder
+"""The cache's disk tier is the user's alone (private_folder.py: NOTE [ dpex Private Folder
 Trust ]): a folder others could write is refused before anything is written or read there,
 and what dpex makes in it is private. Pure, without Ray; one whole job in a fresh
 interpreter (slow)."""

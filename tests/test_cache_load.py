@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -86,6 +87,23 @@ def _entries_of(ray, tier) -> int:
     return ray.get(owner.describe.remote(), timeout=60)["entries"]
 
 
+def _kill_and_wait(ray, actor) -> None:
+    """``ray.kill`` goes through the GCS and returns at once: a call made before the actor
+    is down can still reach it (the second 16 then went to the owner about to go, and the
+    lookup after found none). Wait until a call fails as the process's sends then will."""
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.describe.remote(), timeout=10)
+        except RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed owner still answers after 60 s")
+
+
 def _new_tier(ray):
     from dpex.cache.memory import MemoryTier
 
@@ -115,7 +133,7 @@ def test_a_send_that_failed_goes_again_to_a_new_owner(ray_local):
     tier = _new_tier(ray_local)
     _put(tier, range(16))
     tier.settle(timeout_s=30)
-    ray_local.kill(tier._owner)  # gone while the process still sends to it
+    _kill_and_wait(ray_local, tier._owner)  # gone while the process still sends to it
     _put(tier, range(16, 32))
     tier.settle(timeout_s=30)
     assert _entries_of(ray_local, tier) == 16  # the second 16, in a new owner

@@ -87,6 +87,27 @@ def test_workers_spread_over_nodes_and_avoid_the_trainer(cluster):
     assert len(loader.stats().per_node) >= 2 and trainer not in loader.stats().per_node
 
 
+def test_an_entry_made_on_one_node_is_read_on_another(cluster, tmp_path):
+    """NOTE [ dpex Cache Across Hosts ], on the object-store tier alone (the disk tier is
+    one folder for these nodes, which share a machine): a sample whose batch lands on
+    another node's worker in a later epoch is read from the node that made it."""
+    from cache_datasets import Decoded, runs_in, warm_torch
+    from test_cache_ray import _remove_owners
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    expected, _ = run(False, Decoded(48), epochs=3, worker_init_fn=warm_torch)
+    try:
+        got, loader = run(True, Decoded(48, str(runs)), epochs=3, worker_init_fn=warm_torch,
+                          cache=dpex.Cache(disk_bytes=0))
+        assert_batches_equal(expected, got)
+        (stage,) = loader.stats().cache
+        assert sorted(runs_in(str(runs))) == list(range(48)), str(stage)  # once each
+        assert stage.peer_hits > 0 and len(loader.stats().per_node) >= 2, stage
+    finally:
+        _remove_owners(ray)
+
+
 def labelled_node(cluster):
     """The worker node that carries the custom resource and the label."""
     ids = {n["NodeID"] for n in ray.nodes() if n["Alive"] and "preproc" in n["Resources"]}

@@ -12,7 +12,7 @@ import pytest
 import ray
 from conftest import user_env
 
-from dpex import compat
+from dpex import compat, versions
 from dpex.ray_session import auth
 
 SCRIPT = """
@@ -66,26 +66,27 @@ def test_supported_range_is_the_declared_one():
     from pathlib import Path
 
     declared = Path(__file__).parents[1].joinpath("pyproject.toml").read_text()
-    for package, ((lo_major, lo_minor), (hi_major, hi_minor)) in compat.SUPPORTED.items():
+    for package, ((lo_major, lo_minor), (hi_major, hi_minor)) in versions.SUPPORTED.items():
         found = re.search(rf'"{package}>=(\d+)\.(\d+),<(\d+)\.(\d+)"', declared)
         assert found, package
         assert tuple(map(int, found.groups())) == (lo_major, lo_minor, hi_major, hi_minor + 1)
 
 
 def test_versions_outside_the_range_are_named_with_the_range():
-    assert compat.unsupported_versions({"torch": "2.4.0", "ray": "2.40.0"}) is None
-    assert compat.unsupported_versions({"torch": "2.15.0+cu128", "ray": "2.60.1"}) is None
-    too_old = compat.unsupported_versions({"torch": "2.3.1", "ray": "2.55.0"})
+    assert versions.unsupported_versions({"torch": "2.4.0", "ray": "2.40.0"}) is None
+    assert versions.unsupported_versions({"torch": "2.15.0+cu128", "ray": "2.60.1"}) is None
+    too_old = versions.unsupported_versions({"torch": "2.3.1", "ray": "2.55.0"})
     assert "torch 2.3.1" in too_old and "ray 2.55" not in too_old.split("has")[1]
     assert "torch 2.4 through 2.15" in too_old and "ray 2.40 through 2.60" in too_old
-    too_new = compat.unsupported_versions({"torch": "2.16.0.dev20261201", "ray": "2.61.0"})
+    too_new = versions.unsupported_versions({"torch": "2.16.0.dev20261201", "ray": "2.61.0"})
     assert "torch 2.16.0.dev20261201 and ray 2.61.0" in too_new
 
 
 def test_the_installed_versions_are_supported():
     import torch
 
-    assert compat.unsupported_versions({"torch": torch.__version__, "ray": ray.__version__}) is None
+    assert versions.unsupported_versions({"torch": torch.__version__, "ray": ray.__version__}) is None
+    assert versions.ray_version() == ray.__version__  # read without importing Ray
 
 
 def test_in_order_is_taken_exactly_where_torch_takes_it():

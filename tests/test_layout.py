@@ -150,7 +150,8 @@ LAYERS = (
     ("dpex.observe",),  # what the loop sees: stalls, timelines, deliveries, metrics
     ("dpex.cache",),  # the exact cache
     ("dpex.ray_session",),  # the one room for Ray
-    ("dpex.compat", "dpex.process_ends", "dpex.nested"),  # leaves: shims, endings, batches
+    ("dpex.compat", "dpex.versions", "dpex.process_ends",  # leaves: shims, the version
+     "dpex.nested", "dpex.private_folder"),  # range, endings, batches, the user's alone
 )
 
 

@@ -173,3 +173,28 @@ def test_a_failed_start_is_reported_even_when_its_first_batch_fails_first():
     with pytest.raises(RuntimeError, match=r"dpex worker \d failed to start[\s\S]*does not unpickle"):
         list(dpex.DataLoader(UnpicklableDataset(8), batch_sampler=_SlowAfterFirstBatch(8, 2),
                              num_workers=1, distribute_mode=True))
+
+
+def test_a_persistent_streams_processes_go_back_once_its_epoch_ended():
+    """A persistent iterator over a stream whose epoch ran to its end still has calls in
+    flight to its exhausted replicas (each answers END at once). Deleted before a next
+    epoch, it gives its processes back, and the next loader takes them instead of starting
+    new ones (it waited seconds for those)."""
+    expected = list(make(False, StatefulIterable(40), 10, persistent_workers=True))
+    dpex.shutdown_pool()
+    gc.collect()
+    wait_until(lambda: False, timeout=2)  # let Ray's state catch up with earlier kills
+    before = alive_actor_count()
+    first = make(True, StatefulIterable(40), 10, persistent_workers=True)
+    assert_batches_equal(expected, list(first))
+    # The case: an exhausted replica's extra task, never collected.
+    assert any(s.in_flight and not s.active for s in first._ray_iterator._slots)
+    created, reused = POOL.created, POOL.reused
+    del first  # no gc.collect(): given back when the loader goes, as the next one starts
+    assert POOL.idle_count() == 2
+    second = make(True, StatefulIterable(40), 10, persistent_workers=True)
+    assert_batches_equal(expected, list(second))
+    assert POOL.created == created and POOL.reused - reused == 2
+    del second
+    dpex.shutdown_pool()
+    assert wait_until(lambda: alive_actor_count() == before)

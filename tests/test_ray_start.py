@@ -497,6 +497,7 @@ def other_python() -> str | None:
     return None
 
 
+@pytest.mark.slow  # a second head of its own (tests/test_suite_shape.py)
 def test_cluster_of_another_python_version(cluster):
     python = other_python()
     if python is None:
@@ -509,8 +510,10 @@ def test_cluster_of_another_python_version(cluster):
     env = user_env(PYTHONPATH=site, RAY_TMPDIR=ray_tmp)  # its own record, not the user's
     procs = RayStart()
     try:
+        # A second head beside the fixture's: Ray 2.60 binds the dashboard's port even with
+        # the dashboard off, and the fixture's head holds 8265 (its GCS then never answered).
         procs.run(["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
-                   f"--ray-client-server-port={free_port()}",
+                   f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
                    f"--dashboard-agent-listen-port={free_port()}"],
                   env, wrap=[python, "-c", "import sys; sys.argv = sys.argv[1:]; "
                              "from ray.scripts.scripts import main; main()"])

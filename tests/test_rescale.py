@@ -36,11 +36,12 @@ def resumed_lists(position: DistributedPosition, world_size: int) -> list[list[i
     return [resumed.rank_indices(r) for r in range(world_size)]
 
 
-def assert_covers_once(consumed: list[int], lists: list[list[int]], epoch: set[int],
+def assert_covers_once(consumed: list[int], lists: list[list[int]], left: set[int],
                        position: DistributedPosition) -> None:
-    """Consumed plus the new lists hold each of the epoch's samples once (first occurrences),
-    with at most W'-1 padding duplicates, the same count on every rank. On an unchanged
-    world size torch's own padding repeats the epoch's first samples, seen already."""
+    """The new lists hold the same count on every rank and split ``left`` (the samples not
+    seen yet): without ``drop_last`` each of them, with at most W'-1 padding repeats; with
+    it no repeat and at most W'-1 of them dropped. On an unchanged world size (torch's own
+    lists) torch's padding repeats the epoch's first samples, seen already."""
     world_size = len(lists)
     new = [i for lst in lists for i in lst]
     assert len({len(lst) for lst in lists}) == 1, [len(lst) for lst in lists]
@@ -48,10 +49,14 @@ def assert_covers_once(consumed: list[int], lists: list[list[int]], epoch: set[i
         assert set(new).isdisjoint(consumed)
     else:
         assert len(new) - len(set(new) - set(consumed)) <= world_size - 1
-    assert set(new) | set(consumed) == epoch
-    assert len(new) - len(set(new)) <= world_size - 1
+    if position.drop_last and len(position.segments) > 1:
+        assert len(new) == len(set(new)), "drop_last: no repeat"
+        assert set(new) <= left and len(left - set(new)) <= world_size - 1
+    else:
+        assert set(new) - set(consumed) == left
+        assert len(new) - len(set(new)) <= world_size - 1
     remaining = position.remaining()
-    assert len(remaining) == len(set(remaining)) and set(remaining) == epoch - set(consumed)
+    assert len(remaining) == len(set(remaining)) and set(remaining) == set(new) - set(consumed)
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -87,10 +92,10 @@ def test_a_resume_on_another_world_size_covers_the_rest_once(world_size, new_siz
             lists = resumed_lists(position, new_size)
             if count == 0:  # nothing seen: the epoch is torch's own on the new world size
                 assert lists == torch_lists(n, new_size, **kw)
-                epoch = {i for lst in lists for i in lst}
+                left = {i for lst in lists for i in lst}
             else:
-                epoch = {i for lst in old for i in lst}
-            assert_covers_once(consumed, lists, epoch, position.resumed_on(new_size))
+                left = {i for lst in old for i in lst} - set(consumed)
+            assert_covers_once(consumed, lists, left, position.resumed_on(new_size))
             again = DistributedPosition.from_plain(json.loads(json.dumps(position.to_plain())))
             assert resumed_lists(again, new_size) == lists
 
@@ -109,8 +114,13 @@ def test_a_chain_4_to_2_to_3_covers_the_rest_once(shuffle, drop_last):
                 position = on_two.consumed(second)
                 consumed = [i for lst in old for i in lst[:first]]
                 consumed += [i for lst in two for i in lst[:second]]
+                left = {i for lst in two for i in lst[second:]} - set(consumed)
+                if drop_last:  # what the split on 2 ranks dropped stays dropped
+                    assert len(epoch - set(consumed) - left) <= 1
+                else:
+                    assert left == epoch - set(consumed)
                 lists = resumed_lists(position, 3)
-                assert_covers_once(consumed, lists, epoch, position.resumed_on(3))
+                assert_covers_once(consumed, lists, left, position.resumed_on(3))
                 assert resumed_lists(position, 3) == lists
                 if second > 0:
                     assert position.resumed_on(3).segments == ((4, first), (2, second), (3, 0))
@@ -123,6 +133,66 @@ def test_the_notes_worked_example():
     assert [on_three.rank_indices(r) for r in range(3)] == [[8], [9], [8]]
     assert on_three.consumed(1).remaining() == []
     assert resumed_lists(on_three.consumed(1), 2) == [[], []]
+
+
+def test_the_drop_last_example():
+    """n = 10, 4 ranks, drop_last: torch cuts to 8. After 1 per rank, [4, 5, 6, 7] are left;
+    on 3 ranks the split is cut to [4, 5, 6] (7 dropped, nothing repeated), on 5 ranks to
+    nothing: every rank gets [] and the epoch ends there."""
+    position = DistributedPosition.start(sampler(10, 4, shuffle=False, drop_last=True))
+    assert torch_lists(10, 4, shuffle=False, drop_last=True)[1] == [1, 5]
+    position = position.consumed(1)
+    assert position.remaining() == [4, 5, 6, 7]
+    on_three = position.resumed_on(3)
+    assert resumed_lists(position, 3) == [[4], [5], [6]]
+    assert on_three.remaining() == [4, 5, 6]
+    assert resumed_lists(on_three.consumed(1), 2) == [[], []]
+    assert resumed_lists(position, 5) == [[]] * 5 and position.resumed_on(5).remaining() == []
+    assert resumed_lists(on_three, 2) == [[4, 6], [5, 7]]  # consumed nothing: split again
+    padded = DistributedPosition.start(sampler(10, 4, shuffle=False)).consumed(1)
+    assert resumed_lists(padded, 3) == [[4, 7], [5, 8], [6, 9]]  # 10 left: 12, padded
+
+
+def _brute_force_left(n: int, world_size: int, count: int, **kw) -> tuple[set[int], list[int]]:
+    """From torch's own lists only: (the samples the old job consumed, those it had left in
+    the epoch's global order, each once)."""
+    old = torch_lists(n, world_size, **kw)
+    order = [lst[j] for j in range(len(old[0])) for lst in old]  # order[r::W] is rank r's
+    consumed = set(order[:count * world_size])
+    left = [i for k, i in enumerate(order) if i not in consumed and i not in order[:k]]
+    return consumed, left
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_drop_last_repeats_nothing_and_drops_under_w_prime(drop_last):
+    """Against a model from torch's DistributedSampler lists, over many (length, W, c, W',
+    shuffle, seed): with drop_last no sample twice across the old job's consumed samples
+    and the new ranks' lists, at most W'-1 of the samples left missing (the tail of what is
+    left, in the global order); without it every sample left, repeats only from padding."""
+    for n in [0, 1, 2, 3, 5, 9, 10, 11, 23, 24, 37, 64]:
+        for world_size in [2, 3, 4, 5, 8]:
+            for shuffle, seed in [(False, 0), (True, 0), (True, 7), (True, 1234)]:
+                kw = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, epoch=seed % 3)
+                start = DistributedPosition.start(sampler(n, world_size, **kw))
+                per_rank = len(sampler(n, world_size, **kw))
+                for count in range(1, per_rank + 1):
+                    consumed, left = _brute_force_left(n, world_size, count, **kw)
+                    position = start.consumed(count)
+                    assert position.remaining() == left
+                    for new_size in [1, 2, 3, 4, 5, 7]:
+                        if new_size == world_size:
+                            continue
+                        lists = resumed_lists(position, new_size)
+                        new = [i for lst in lists for i in lst]
+                        assert len({len(lst) for lst in lists}) == 1
+                        assert not set(new) & consumed
+                        if drop_last:
+                            assert len(new) == len(set(new)) == len(left) // new_size * new_size
+                            assert sorted(new) == sorted(left[:len(new)])  # the tail cut
+                        else:
+                            assert set(new) == set(left)
+                            pad = -len(left) % new_size  # < W', repeating from the start
+                            assert sorted(new) == sorted((left * new_size)[:len(left) + pad])
 
 
 def test_a_segment_that_consumed_nothing_is_replaced_not_stacked():

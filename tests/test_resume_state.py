@@ -57,7 +57,7 @@ def test_a_version_1_state_is_read_into_version_2():
 
 
 def test_what_is_not_a_state_is_refused():
-    for bad in ({}, {"version": 9}, [1, 2]):
+    for bad in ({}, {"version": 0}, {"version": True}, [1, 2]):
         with pytest.raises(ValueError, match="not a dpex DataLoader state"):
             fmt.upgrade(bad)
 

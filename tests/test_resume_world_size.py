@@ -70,9 +70,13 @@ def test_the_rest_of_the_epoch_on_another_world_size(before, epoch, shuffle, dro
         for saved in (states[:1], states):  # rank 0's state on every rank; each its own
             rest = resumed(after, epoch, shuffle, drop_last, saved)
             counts = Counter(samples(seen) + samples(b for r in rest for b in r))
-            assert set(counts) == epoch_samples, (after, "every sample of the epoch, no other")
             repeats = sum(c - 1 for c in counts.values())
-            assert repeats <= (before - 1) + (after - 1), (after, "only padding repeats")
+            if drop_last and after != before:  # no repeat; under W' of the rest dropped
+                assert set(counts) <= epoch_samples and repeats == 0, (after, set(counts))
+                assert len(epoch_samples - set(counts)) <= after - 1, after
+            else:
+                assert set(counts) == epoch_samples, (after, "every sample, no other")
+                assert repeats <= (before - 1) + (after - 1), (after, "only padding repeats")
             lengths = {len(r) for r in rest}
             assert len(lengths) == 1, (after, "every rank the same number of batches")
             again = resumed(after, epoch, shuffle, drop_last, saved)
@@ -113,8 +117,22 @@ def test_workers_on_another_world_size(mode):
         [b.flatten().tolist() for b in r] for r in plain]
 
 
+@pytest.mark.usefixtures("ray_local")
+def test_drop_last_on_another_world_size_with_ray_workers():
+    """distribute_mode=True, drop_last=True, 4 ranks then 3: no sample twice, the same
+    samples as without worker processes."""
+    seen, states = interrupted(4, 1, True, True, workers=2, mode=True)
+    rest = resumed(3, 1, True, True, states[:1], workers=2, mode=True)
+    got = samples(seen) + samples(b for r in rest for b in r)
+    assert len(got) == len(set(got))
+    plain = resumed(3, 1, True, True, interrupted(4, 1, True, True)[1][:1])
+    for one, two in zip(rest, plain):
+        assert_batches_equal(one, two)
+
+
 def test_a_resumed_epoch_on_another_world_size_saves_and_resumes_again():
-    """4 ranks, then 2 (saved mid-way), then 3: each sample of the epoch once overall."""
+    """4 ranks, then 2 (saved mid-way), then 3, or 2 again (the resized split goes on, not
+    torch's own for 2 ranks): each sample of the epoch once overall, padding aside."""
     seen, states = interrupted(4, 0, True, False)
     on_two = ranks(2, 0, True, False)
     for loader in on_two:
@@ -123,9 +141,79 @@ def test_a_resumed_epoch_on_another_world_size_saves_and_resumes_again():
         seen += [next(it) for _ in range(2)]
         states_two = loader.state_dict()
         del it
-    rest = resumed(3, 0, True, False, [states_two])
-    counts = Counter(samples(seen) + samples(b for r in rest for b in r))
-    assert set(counts) == set(range(N)) and sum(c - 1 for c in counts.values()) <= 3 + 1 + 2
+    for world in (3, 2):
+        rest = resumed(world, 0, True, False, [states_two])
+        counts = Counter(samples(seen) + samples(b for r in rest for b in r))
+        assert set(counts) == set(range(N)), world
+        assert sum(c - 1 for c in counts.values()) <= 3 + 1 + (world - 1), world
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_drop_last_on_another_world_size_repeats_nothing(shuffle):
+    """DistributedSampler(drop_last=True), 4 ranks saved mid-epoch, 3 loaded: no sample twice
+    across the two jobs, at most 2 of the rest dropped, every rank the same batches; saved
+    again on 3 and loaded on 3 (the resized segment goes on) and on 2, still none twice.
+    With the loader's own drop_last (batching) too, and a rest shorter than the world size:
+    an epoch with no batches on every rank, then the next epoch is torch's."""
+    seen, states = interrupted(4, 1, shuffle, True)  # 60 of 61, 15 a rank; 6 a rank seen
+    epoch = {i for loader in ranks(4, 1, shuffle, True) for i in samples(loader)}
+    rest = resumed(3, 1, shuffle, True, states[:1])
+    got = samples(seen) + samples(b for r in rest for b in r)
+    assert len(got) == len(set(got)) and set(got) <= epoch and len(epoch - set(got)) <= 2
+    assert len({len(r) for r in rest}) == 1
+    on_three = ranks(3, 1, shuffle, True)
+    first, later = [], []
+    for loader in on_three:
+        loader.load_state_dict(states[0])
+        it = iter(loader)
+        first += [next(it) for _ in range(2)]
+        later.append(loader.state_dict())
+        del it
+    for world in (3, 2):
+        again = resumed(world, 1, shuffle, True, later)
+        got = samples(seen + first) + samples(b for r in again for b in r)
+        assert len(got) == len(set(got)) and len(epoch - set(got)) <= 2 + (world - 1), world
+        assert len({len(r) for r in again}) == 1
+        if world == 3:  # the resized segment goes on: the rest of the first resume's lists
+            for one, two in zip(rest, again):
+                assert_batches_equal(one[2:], two)
+    # The loader's own drop_last (batching) besides: 8 a rank seen, 28 left, on 3 ranks 27,
+    # 9 a rank, batched by 4 with the last short batch dropped: 2 batches a rank.
+    def batched(world, state=None):
+        out = []
+        for rank in range(world):
+            sampler = DistributedSampler(RangeDataset(N), num_replicas=world, rank=rank,
+                                         shuffle=shuffle, seed=5, drop_last=True)
+            sampler.set_epoch(1)
+            loader = dpex.DataLoader(RangeDataset(N), batch_size=4, sampler=sampler,
+                                     drop_last=True)
+            if state is None:
+                it = iter(loader)
+                out.append(([next(it) for _ in range(2)], loader.state_dict()))
+                del it
+            else:
+                loader.load_state_dict(state)
+                out.append(list(loader))
+        return out
+    before = batched(4)
+    cut = batched(3, before[0][1])
+    assert [len(r) for r in cut] == [2, 2, 2] and all(len(b) == 4 for r in cut for b in r)
+    got = samples(b for head, _ in before for b in head) + samples(b for r in cut for b in r)
+    assert len(got) == len(set(got)) == 32 + 24
+    # Fewer samples left than ranks: a state after 14 of 15 a rank leaves 4; on 5 ranks
+    # every rank's rest of the epoch is empty, and the epoch after it is torch's.
+    late = []
+    for loader in ranks(4, 1, shuffle, True):
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        late.append(loader.state_dict())
+        del it
+    for rank, loader in enumerate(ranks(5, 1, shuffle, True)):
+        loader.load_state_dict(late[0])
+        assert list(loader) == []
+        loader.sampler.set_epoch(2)
+        assert_batches_equal(list(ranks(5, 2, shuffle, True)[rank]), list(loader))
 
 
 def test_the_resume_cost_benchmark_runs_at_a_tiny_size(capsys):

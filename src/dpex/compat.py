@@ -1,7 +1,7 @@
 """Every difference between the torch and Ray versions dpex supports, and every private
 piece of either that dpex uses, in one module.
 
-The supported range is ``SUPPORTED`` (each end is run by ``make test-versions``). Within it
+The supported range is ``SUPPORTED`` (``dpex/versions.py``). Within it
 dpex is built on public APIs, except for what has no public form:
 
 * torch: the worker-info slot that ``get_worker_info()`` reads; the default process
@@ -25,13 +25,9 @@ import inspect
 import json
 import logging
 import math
-import re
 from collections.abc import Iterator
 
 import ray
-
-# The versions dpex supports, both ends included (pyproject.toml declares the same).
-SUPPORTED = {"torch": ((2, 4), (2, 15)), "ray": ((2, 40), (2, 60))}
 
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
@@ -42,48 +38,12 @@ class RayInternalsError(RuntimeError):
 
 def missing_piece(what: str, exc: Exception) -> RayInternalsError:
     """The error for a private Ray piece that this Ray lacks (``what``, and why)."""
+    from dpex.versions import range_text  # here: the head's helper loads this module alone
+
     return RayInternalsError(
         f"dpex needs {what} from Ray, which Ray {ray.__version__} does not provide ({exc}); "
-        f"dpex supports {_range_text('ray')}"
+        f"dpex supports {range_text('ray')}"
     )
-
-
-# ----------------------------------------------------------------------------- the range
-
-
-def _minor(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as ``2.15.0+cu128`` or ``2.60.0rc1``."""
-    found = re.match(r"(\d+)\.(\d+)", version)
-    if not found:
-        raise ValueError(f"not a version: {version!r}")
-    return int(found.group(1)), int(found.group(2))
-
-
-def _range_text(package: str) -> str:
-    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED[package]
-    return f"{package} {lo_major}.{lo_minor} through {hi_major}.{hi_minor}"
-
-
-def unsupported_versions(installed: dict[str, str]) -> str | None:
-    """Why ``installed`` ({"torch": "2.15.0", "ray": "2.60.0"}) is outside what dpex
-    supports, or None when it is inside. pip refuses such an install; this catches one
-    made with ``--no-deps`` or by hand, at ``import dpex`` rather than deep inside Ray."""
-    outside = [f"{package} {version}" for package, version in installed.items()
-               if not SUPPORTED[package][0] <= _minor(version) <= SUPPORTED[package][1]]
-    if not outside:
-        return None
-    supported = ", ".join(_range_text(package) for package in SUPPORTED)
-    return (f"dpex supports {supported}; this environment has {' and '.join(outside)}. "
-            f"Install a supported version (pip install 'dpex' picks one).")
-
-
-def check_supported_versions() -> None:
-    """Raise ImportError when the installed torch or Ray is outside ``SUPPORTED``."""
-    import torch
-
-    reason = unsupported_versions({"torch": torch.__version__, "ray": ray.__version__})
-    if reason:
-        raise ImportError(reason)
 
 
 # ----------------------------------------------------------------------------- torch
@@ -147,16 +107,6 @@ def default_process_group_store():
 
 
 # ----------------------------------------------------------------------------- addresses
-
-
-def recorded_cluster_address() -> str | None:
-    """The address the last ``ray start --head`` on this machine recorded, if any
-    (what ``ray.init()`` with no address joins)."""
-    try:
-        from ray._private.utils import read_ray_address
-    except ImportError as exc:
-        raise missing_piece("read_ray_address (the `ray start` record)", exc) from None
-    return read_ray_address()
 
 
 @contextlib.contextmanager

@@ -251,7 +251,8 @@ class DataLoader(TorchDataLoader):
                 pad = resume.skip % workers
             start = start_epoch(self._base_index_sampler, self.generator, resume, pad=pad,
                                 pad_item=[], rest=rest, batch_size=self.batch_size,
-                                drop_last=self.drop_last, in_this_process=not workers)
+                                drop_last=self.drop_last, in_this_process=not workers,
+                                iterable=iterable)
             if start.torch_generator is not None:
                 swaps["generator"] = start.torch_generator
             self._record.resume_at(replace(resume, already_handed=[]), start.base_seed, None)

@@ -10,7 +10,7 @@ within ``Cache.disk_bytes`` (admitted once, never evicted). ``.last_use`` is tou
 namespace is used; a folder unused for ``Cache.ttl_s`` is removed by the next process that
 opens the cache folder.
 
-The folder is the user's alone (private_folder.py: NOTE [ dpex Cache Folder Trust ]), and so
+The folder is the user's alone (private_folder.py: NOTE [ dpex Private Folder Trust ]), and so
 is everything made in it: namespace folders 0700, files 0600 (0o2770 and 0o660 where it is
 shared with its group).
 """

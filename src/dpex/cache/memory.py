@@ -69,7 +69,11 @@ class MemoryTier:
         self.limit = int(object_store_capacities().get(node, 0) * options.memory_share)
         self.full = self.limit <= 0
         # The node's owner: one that runs (an earlier epoch's, loader's or job's), else one
-        # started with the first entry to keep (none for a stage refused or recomputed).
+        # started now, as the process's first lookup of the stage comes (refresh): it takes
+        # a second or two, more on a loaded machine, and started with the first entry to
+        # keep it was still starting as the next epoch began, and the other nodes' workers
+        # found it empty (NOTE [ dpex Cache Across Hosts ]). A stage refused or recomputed
+        # leaves it empty, until its TTL.
         self._owner: Any = None
         self._index: dict[str, int] = {}  # key -> where (_SPAN), of the blocks read so far
         self._refs: dict[int, Any] = {}  # block number -> its reference, while it is there
@@ -259,10 +263,13 @@ class MemoryTier:
     def refresh(self) -> None:
         """Ask for the owner's latest entries: the epoch's lookups of keys not indexed yet
         wait for the answer (``_FIRST_SYNC_S`` at most), so that they do not recompute what
-        is there; not with no owner (nothing is there)."""
+        is there; not where no owner ran (nothing is there: one is started)."""
         if self._owner is None:
             self._owner = existing_owner(user(), self._name, self._node)
             if self._owner is None:
+                if not self.full:  # nothing there yet: started now, not asked (below)
+                    self._owner = owner_for(user(), self._name, self._label, self._node,
+                                            self.limit, self._ttl_s)
                 return
         self._ask()  # afresh: an answer still pending was asked before the last epoch's end
         self._index_due = time.monotonic() + _FIRST_SYNC_S

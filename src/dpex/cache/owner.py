@@ -15,6 +15,8 @@ no CPU, pinned to its node, named ``<user>/<namespace>/<node id>`` in the Ray na
 * Workers read the owner's admitted entries as the references of its blocks (``updates``,
   polled without blocking the worker's tasks; below) and ``ray.get`` them: on the node,
   in place.
+* Processes on other nodes read the owner's keys (``keys``) and pull the blocks they hit
+  through Ray's object store (peers.py: NOTE [ dpex Cache Across Hosts ]).
 * A node that leaves takes its owner and entries with it; an owner killed (``dpex cache
   rm``) or expired takes its entries with it. A reference to an entry that is gone fails
   to ``ray.get``: a miss, recomputed with the same bits.
@@ -67,6 +69,8 @@ class CacheOwner:
         self._budget = Budget(limit)
         self._keys: set[str] = set()  # every key admitted
         self._blocks: list[Any] = []  # the sealed blocks' references, in order
+        self._block_keys: list[list[str]] = []  # each block's keys, for other nodes
+        self._block_bytes: list[int] = []  # and its size
         self._pending: list[tuple[str, Any]] = []  # admitted, not sealed yet: (key, parts)
         self._pending_bytes = 0
         self._created = self._last_use = time.time()
@@ -92,11 +96,23 @@ class CacheOwner:
         self._seal()
         return len(self._blocks), [[ref] for ref in self._blocks[since:]], self._budget.full
 
+    def keys(self, since: int) -> tuple[int, list[tuple[list[Any], list[str], int]]]:
+        """For a process on another node (peers.py: NOTE [ dpex Cache Across Hosts ]): the
+        blocks after the first ``since`` as ([reference], their keys, their size), without
+        their bytes."""
+        self._last_use = time.time()
+        self._seal()
+        return len(self._blocks), [
+            ([ref], keys, size) for ref, keys, size in
+            zip(self._blocks[since:], self._block_keys[since:], self._block_bytes[since:])]
+
     def _seal(self) -> None:
         import ray
 
         if self._pending:
             self._blocks.append(ray.put(seal(self._pending)))
+            self._block_keys.append([key for key, _ in self._pending])
+            self._block_bytes.append(self._pending_bytes)
             self._pending, self._pending_bytes = [], 0
 
     def describe(self) -> dict[str, Any]:
@@ -164,6 +180,15 @@ LAYOUT = "blocks"
 
 def owner_name(user: str, namespace: str, node_id: str) -> str:
     return f"{user}/{namespace}/{node_id}/{LAYOUT}"
+
+
+def owner_node(name: str, user: str, namespace: str) -> str | None:
+    """The node of the owner named ``name``, if it is one of ``namespace``'s (this
+    layout's), else None."""
+    head, tail = owner_name(user, namespace, "\0").split("\0")
+    if name.startswith(head) and name.endswith(tail) and len(name) > len(head) + len(tail):
+        return name[len(head):-len(tail)]
+    return None
 
 
 def existing_owner(user: str, namespace: str, node_id: str) -> Any:

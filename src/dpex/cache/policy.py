@@ -16,6 +16,7 @@ Recompute or read back (as Cachew, USENIX ATC '22, decides)
   ``timeit`` takes it: on cores shared with Ray's start and the other workers, a process
   preempted for a time slice (milliseconds) made a read of 0.4 ms look dearer than a
   2 ms decode in the median of 8, and a stage that pays was recomputed for the epoch.
+  Reading from another node pays on the same terms (``pull_pays``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ MIN_SAMPLES = 8
 MIN_GAIN = 1.5
 MEASURING, CACHE, RECOMPUTE = "measuring", "cache", "recompute"
 UNSEEN = "unseen-reads"  # it read what dpex cannot check (reads.py): those results not kept
+
+
+def pull_pays(pull_s: list[float], compute_s: list[float]) -> bool:
+    """Whether reading entries from another node still pays (peers.py): yes until
+    ``MIN_SAMPLES`` of each are measured, then while the mean cost of an entry read from
+    there (its share of the pull that brought it, and its read) is at most the median
+    computation. The mean, not the fastest: most reads are in place, and the pulls are
+    what they cost."""
+    if len(pull_s) < MIN_SAMPLES or len(compute_s) < MIN_SAMPLES:
+        return True
+    return sum(pull_s) / len(pull_s) <= sorted(compute_s)[len(compute_s) // 2]
 
 
 @dataclass

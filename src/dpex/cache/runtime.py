@@ -20,7 +20,9 @@ Where a lookup goes (``Space.get``)
   2. the node's disk (disk.py), for entries that did not fit the object store (an entry
      found in either whose recorded files changed since is stale: the lookup goes on, and
      the stage's new result takes the entry's place);
-  3. a miss: the stage runs between two snapshots of the generators, recording what it
+  3. the other nodes' object stores (peers.py: NOTE [ dpex Cache Across Hosts ]), the
+     entry then kept in this node's store where it has room;
+  4. a miss: the stage runs between two snapshots of the generators, recording what it
      reads, and its result is admitted to every tier that has room (policy.py:
      admitted once, never evicted), unless reading back was measured to cost more than
      computing (policy.py) or it read what cannot be checked (reads.py).
@@ -48,6 +50,7 @@ from dpex.cache import disk, entries, reads
 from dpex.cache.fingerprint import entry_key, names_a_file, namespace
 from dpex.cache.memory import MemoryTier
 from dpex.cache.options import Cache
+from dpex.cache.peers import PeerTier
 from dpex.cache.policy import (
     CACHE,
     MEASURING,
@@ -97,8 +100,9 @@ def refresh() -> None:
     epoch's first lookups find what the last one stored."""
     if _ACTIVE is not None:
         for space in _ACTIVE._spaces.values():
-            if space.memory is not None:
-                space.memory.refresh()
+            for tier in (space.memory, space.peers):
+                if tier is not None:
+                    tier.refresh()
 
 
 class CacheRuntime:
@@ -149,6 +153,7 @@ class CacheRuntime:
             if space.memory is not None:
                 space.memory.send()
                 space.memory.unmap()
+                space.peers.unmap()
             if space.disk is not None:
                 space.disk.settle(timeout_s=_SETTLE_S)
 
@@ -196,6 +201,9 @@ class Space:
         self.cost = CostModel()
         self.memory = (MemoryTier(runtime.node_id(), name, label, options)
                        if runtime.use_ray and options.memory_share > 0 else None)
+        # The other nodes' owners (NOTE [ dpex Cache Across Hosts ]): where this one is.
+        self.peers = (PeerTier(runtime.node_id(), name, self.cost, self.memory.limit)
+                      if self.memory is not None else None)
         # The folder is checked, and expired, as a process opens its first tier in it.
         self.disk = disk.open_tier(options, name, label) if options.disk_bytes > 0 else None
 
@@ -218,7 +226,8 @@ class Space:
 
     def get(self, key: str) -> Any:
         started = time.perf_counter()
-        for tier, counter in ((self.memory, "memory_hits"), (self.disk, "disk_hits")):
+        for tier, counter in ((self.memory, "memory_hits"), (self.disk, "disk_hits"),
+                              (self.peers, "peer_hits")):
             if tier is None:
                 continue
             stored = tier.get(key)
@@ -235,15 +244,16 @@ class Space:
             self.counters[counter] += 1
             self.counters["read_s"] += time.perf_counter() - started
             self.hits += 1
-            if tier is self.disk:
+            if tier is not self.memory:
                 self._promote(key, stored)
             return value
         self.counters["misses"] += 1
         return disk.MISS
 
     def _promote(self, key: str, stored: Any) -> None:
-        """A disk entry read where the object store has room (written by a process
-        without one, or an earlier job): the next read is from memory."""
+        """A disk entry (written by a process without a store, or an earlier job), or one
+        read from another node, where this node's store has room: the next read is from
+        memory, here."""
         memory = self.memory
         stale = key in self._stale
         if memory is not None and not memory.full and (stale or not memory.has(key)):

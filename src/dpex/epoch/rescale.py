@@ -14,21 +14,32 @@ A position is a chain of segments ``[(W0, c0), (W1, c1), ...]``, one per world s
 epoch ran on. Segment 0 is torch's own split; it leaves ``R1 = order[c0 * W0 : n_real]``,
 where ``n_real = min(total_size, n)`` (torch's padding is dropped: those samples were seen).
 A later segment ``(Wk, ck)`` splits what is left, ``R_k``, as torch splits a dataset:
-padded by repeating from ``R_k``'s start to a multiple of ``Wk`` (always, even under
-``drop_last``, so no unseen sample is lost, and every rank gets the same count, which DDP
-needs), rank ``r`` getting ``padded[r::Wk]``; it leaves ``R_{k+1} = R_k[ck * Wk:]``.
+padded by repeating from ``R_k``'s start to a multiple of ``Wk`` (no unseen sample lost,
+fewer than ``Wk`` repeated), or under ``drop_last`` cut to ``(len(R_k) // Wk) * Wk`` (no
+sample repeated, the last fewer than ``Wk`` of ``R_k`` dropped, as torch drops its order's
+tail: the flag asks for no repeats). Either way every rank gets the same count, which DDP
+needs (with fewer than ``Wk`` left and ``drop_last``, none: an epoch with no batches),
+rank ``r`` getting ``split[r::Wk]``; it leaves ``R_{k+1} = split[ck * Wk : len(R_k)]``
+(what a cut dropped stays dropped, as torch's own cut in segment 0).
 
 Resuming on W': on the last segment's world size the ranks simply go on with that
-segment (for segment 0, bit for bit torch's own lists, padding included). On another size a
-segment ``(W', 0)`` is appended. A last segment that consumed nothing is a no-op and is
-replaced rather than stacked; and a position that consumed nothing at all becomes
-``[(W', 0)]``: the epoch as torch's sampler on W' would run it, ``drop_last`` included.
+segment (for segment 0, bit for bit torch's own lists, padding included; for a later one,
+the rest of its split). On another size a segment ``(W', 0)`` is appended. A last segment
+that consumed nothing is a no-op and is replaced rather than stacked (what its cut dropped
+is split again); and a position that consumed nothing at all becomes ``[(W', 0)]``: the
+epoch as torch's sampler on W' would run it, ``drop_last`` included.
 
 Example: n = 10, no shuffle, W0 = 4. torch pads to 12, ``order = 0..9, 0, 1``; rank 1 has
 ``[1, 5, 9]``. After 2 samples per rank ``0..7`` are consumed and ``R1 = [8, 9]``. Resumed
 on 3 ranks: padded ``[8, 9, 8]``, rank 0 gets ``[8]``, rank 1 ``[9]``, rank 2 ``[8]`` (a
 duplicate, from padding). Saved again after 1 sample per rank and resumed on 2: nothing is
 left, every rank gets ``[]``. Same history, same lists, on any machine.
+
+With ``drop_last``: torch cuts to 8, ``order = 0..7``; rank 1 has ``[1, 5]``. After 1
+sample per rank ``R1 = [4, 5, 6, 7]``. Resumed on 3 ranks: cut to ``[4, 5, 6]``, rank 0
+gets ``[4]``, rank 1 ``[5]``, rank 2 ``[6]``; 7 is dropped, nothing repeated (padding
+would give ``[4, 5, 6, 7, 4, 5]``, 4 and 5 twice). Resumed on 5 instead: 4 left, every
+rank gets ``[]``.
 """
 
 from __future__ import annotations
@@ -65,7 +76,8 @@ class DistributedPosition:
         dataset_len: ``len(sampler.dataset)``.
         seed: The sampler's ``seed``.
         shuffle: The sampler's ``shuffle``.
-        drop_last: The sampler's ``drop_last`` (it shapes segment 0 only).
+        drop_last: The sampler's ``drop_last``: each segment's split is cut rather than
+            padded.
         epoch: The sampler's epoch (``set_epoch``).
         segments: ``(world_size, samples consumed per rank)`` for each world size the
             epoch ran on, oldest first. See NOTE [ dpex Resume on Another World Size ].
@@ -103,11 +115,12 @@ class DistributedPosition:
             left -= min(count * world_size, left)
 
     def _split(self, k: int, world_size: int, left: int) -> tuple[int, int]:
-        """(samples per rank, real samples to split) of segment ``k``, given what is left."""
-        if k == 0:
-            total = _torch_total_size(self.dataset_len, world_size, self.drop_last)
-            return total // world_size, min(total, self.dataset_len)
-        return -(-left // world_size), left
+        """(samples per rank, real samples to split) of segment ``k``, given what is left:
+        torch's rule on the dataset (segment 0) or on what is left (padded, or cut under
+        ``drop_last``)."""
+        size = self.dataset_len if k == 0 else left
+        total = _torch_total_size(size, world_size, self.drop_last)
+        return total // world_size, min(total, size)
 
     @classmethod
     def start(cls, sampler: DistributedSampler) -> DistributedPosition:
@@ -144,13 +157,11 @@ class DistributedPosition:
 
     def _remainders(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last segment's padded split order, what is left after the last segment)."""
-        first_size, first_count = self.segments[0]
-        total = _torch_total_size(self.dataset_len, first_size, self.drop_last)
-        split = _padded(self._order(), total)
-        left = split[: min(total, self.dataset_len)]  # torch's padding dropped
-        left = left[min(first_count * first_size, len(left)):]
-        for world_size, count in self.segments[1:]:
-            split = _padded(left, -(-len(left) // world_size) * world_size)
+        left = self._order()
+        for world_size, count in self.segments:
+            total = _torch_total_size(len(left), world_size, self.drop_last)
+            split = _padded(left, total)  # padded, or cut under drop_last
+            left = split[: min(total, len(left))]  # the padding dropped: repeats
             left = left[min(count * world_size, len(left)):]
         return split, left
 
@@ -168,7 +179,8 @@ class DistributedPosition:
         return split[count * world_size + rank:: world_size].tolist()
 
     def remaining(self) -> list[int]:
-        """The samples of the epoch not consumed yet, in the global order, padding dropped."""
+        """The samples the last segment's ranks have still to give, in the global order,
+        padding dropped: under ``drop_last`` not what a split cut."""
         return self._remainders()[1].tolist()
 
     def to_plain(self) -> dict[str, Any]:

@@ -73,7 +73,8 @@ class PendingResume:
     def from_state_dict(cls, state: Any, *, generator, num_workers: int,
                         persistent_workers: bool, is_iterable: bool,
                         facts: dict[str, Any]) -> PendingResume:
-        """Check ``state`` against the loader (``facts``: ``loader_facts``) and read it.
+        """Check ``state`` against the loader (``facts``: ``loader_facts``) and read it;
+        ``set_generator`` then sets the loader's generator to it.
 
         Raises:
             ValueError: not a dpex state, or one of another loader (naming what differs).
@@ -82,12 +83,10 @@ class PendingResume:
         check_facts(state.get("loader"), facts)
         status = state["epoch"]
         source = state["generator"]
-        generator_state = fmt.generator_state_from_plain(state["generator_state"])
-        if source == "loader":
-            if generator is None:
-                raise ValueError("the saved state has a generator state, but this loader has "
-                                 "no generator: pass generator=torch.Generator()")
-            generator.set_state(generator_state)
+        generator_state = _generator_state(state["generator_state"], "generator_state")
+        if source == "loader" and generator is None:
+            raise ValueError("the saved state has a generator state, but this loader has "
+                             "no generator: pass generator=torch.Generator()")
         workers = [_position(w) for w in state["workers"]]
         in_progress = status == fmt.IN_PROGRESS
         skip = state["batches_delivered"] if in_progress else 0
@@ -124,17 +123,25 @@ class PendingResume:
             next_worker=state.get("next_worker") if same_workers else None,
             already_handed=list(state.get("delivered_after") or []),
             sampler_state=sampler.get("state") if in_progress else None,
-            distributed=DistributedPosition.from_plain(distributed) if distributed else None,
+            distributed=_read(DistributedPosition, distributed, "sampler.distributed")
+            if distributed else None,
             stream=stream,
-            shards=ShardedPosition.from_plain(sampler["shards"]) if sampler.get("shards")
-            else None,
-            main=main, global_at_save=fmt.generator_state_from_plain(
-                state.get("global_rng_at_save")))
+            shards=_read(ShardedPosition, sampler["shards"], "sampler.shards")
+            if sampler.get("shards") else None,
+            main=main, global_at_save=_generator_state(state.get("global_rng_at_save"),
+                                                       "global_rng_at_save"))
         seekable = (all(w.seekable for w in workers) if num_workers
                     else any(v is not None for v in (main or {}).values()))
         if is_iterable and skip and not seekable:
             return resume.fast_forwarded()
         return resume
+
+    def set_generator(self, generator) -> PendingResume:
+        """Set the loader's ``generator`` to the state's (a state of a loader with one),
+        once the whole state was checked: a state refused leaves the loader as it was."""
+        if self.generator_source == "loader":
+            generator.set_state(self.generator_state)
+        return self
 
     def fast_forwarded(self) -> PendingResume:
         """This resume for a replica that cannot seek (torchdata's fast-forward): the epoch
@@ -145,6 +152,29 @@ class PendingResume:
 
     def worker_positions_needed(self) -> bool:
         return any(w.rng is not None or w.seekable for w in self.workers)
+
+
+def _read(kind: Any, plain: Any, path: str) -> Any:
+    """``kind.from_plain(plain)``; its ValueError names the field (``segments[1]: ...``
+    of a position at ``path`` as ``path.segments[1]: ...``)."""
+    try:
+        return kind.from_plain(plain)
+    except ValueError as error:
+        joint = "." if str(error).startswith(("segments", "dataset_len")) else ": "
+        raise ValueError(f"the state's field {path}{joint}{error}") from None
+
+
+def _generator_state(plain: Any, path: str) -> torch.Tensor | None:
+    """A generator state decoded, once, and tried on a generator of its own: a ValueError
+    naming the field where torch refuses it (state_check.py checked its size)."""
+    try:
+        state = fmt.generator_state_from_plain(plain)
+        if state is not None:
+            torch.Generator().set_state(state)
+        return state
+    except (ValueError, RuntimeError, TypeError) as error:  # binascii.Error: a ValueError
+        raise ValueError(f"the state's field {path} is not a torch generator state: "
+                         f"{error}") from None
 
 
 def _position(plain: dict | None) -> WorkerPosition:
@@ -207,7 +237,7 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
                 pad: int = 0, pad_item: Any = None,
                 rest: list[int] | Callable[[], Iterator[Any]] | None = None,
                 batch_size: int | None = None, drop_last: bool = False,
-                in_this_process: bool = False) -> EpochStart:
+                in_this_process: bool = False, iterable: bool = False) -> EpochStart:
     """The epoch's base seed and index batches, the first ones drawn as the saved epoch
     drew them (module doc). ``rest``: a rank's samples for the rest of a
     ``DistributedSampler`` epoch resumed on another world size (rescale.py), batched here;
@@ -215,6 +245,8 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
     where the epoch's draws are made.
     ``in_this_process``: the batches are made here (``num_workers=0``), so a fast-forward
     makes the epoch's draws again from its start, in this process's global RNG.
+    ``iterable``: an IterableDataset's epoch, whose index batches are placeholders, so
+    none are skipped (a state's count of them has no bound to loop to).
     """
     if resume is None:
         cursor = IndexCursor(index_sampler)
@@ -256,7 +288,7 @@ def start_epoch(index_sampler: Any, generator, resume: PendingResume | None, *,
                        else batched(rest, batch_size, drop_last))
         else:
             cursor = IndexCursor(index_sampler, resume.sampler_state)
-            skip = 0 if resume.sampler_state is not None else resume.skip
+            skip = 0 if resume.sampler_state is not None or iterable else resume.skip
             batches = cursor
         for _ in range(skip):
             next(batches, None)

@@ -72,6 +72,10 @@ class IndexCursor:
             self._source.load_state_dict(saved["sampler"])
         self._iter = iter(self._source)
         if saved.get("iterator") is not None:
+            if not is_stateful(self._iter):
+                raise ValueError(f"the state's field sampler.state.iterator holds a state, but "
+                                 f"this loader's sampler's iterator ("
+                                 f"{type(self._iter).__name__}) has no load_state_dict")
             self._iter.load_state_dict(saved["iterator"])
         self.stateful = self.stateful or is_stateful(self._iter)
         sampler = self._index_sampler

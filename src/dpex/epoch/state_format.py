@@ -95,12 +95,28 @@ def rng_from_plain(plain: dict | None) -> RngState | None:
 
 
 def upgrade(state: Any) -> dict[str, Any]:
-    """``state`` in version 2's shape; ValueError for what is not a dpex loader state."""
-    if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
+    """``state`` in version 2's shape; ValueError for what is not a dpex loader state, or
+    one of a version this dpex does not read (saying which)."""
+    version = state.get("version") if isinstance(state, dict) else None
+    known = isinstance(version, int) and not isinstance(version, bool)
+    if known and version > STATE_VERSION:
+        raise ValueError(f"the state was saved by a newer dpex: state version {version}, "
+                         f"this dpex reads 1 and {STATE_VERSION}. Load it with that dpex "
+                         f"or a newer one")
+    if not known or version not in (1, STATE_VERSION):
         raise ValueError(f"not a dpex DataLoader state (version 1 or {STATE_VERSION}): "
                          f"{state!r:.200}")
     if state["version"] == STATE_VERSION:
         return state
+    try:
+        return _upgrade_version_1(state)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError,
+            RuntimeError) as error:
+        raise ValueError(f"a version-1 state with a missing or bad field: {error!r:.200}"
+                         ) from None
+
+
+def _upgrade_version_1(state: dict[str, Any]) -> dict[str, Any]:
     # Version 1: one generator state (the loader's), the epoch under way when batches were
     # handed out or its base seed drawn, else the next one; no fingerprint to check.
     delivered = state["batches_delivered"]
@@ -131,5 +147,6 @@ def read_versioned(plain: Any, version: int, what: str, build: Callable[[dict], 
                          f"got {plain!r:.200}")
     try:
         return build(plain)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError,
+            OverflowError) as error:
         raise ValueError(f"{what} with a missing or bad field: {error!r}") from None

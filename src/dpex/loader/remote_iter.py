@@ -142,7 +142,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         # Same order of draws as torch's iterator: the base seed, then the sampler.
         start: EpochStart = start_epoch(self._index_sampler, self._generator, resume,
                                         rest=rest, batch_size=loader.batch_size,
-                                        drop_last=loader.drop_last)
+                                        drop_last=loader.drop_last, iterable=self._is_iterable)
         self._base_seed = (start.base_seed if resume is not None
                            else draw_base_seed(self._generator))
         self._shutdown = False

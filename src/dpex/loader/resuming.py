@@ -21,12 +21,13 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from dpex.epoch import state_check
 from dpex.epoch import state_format as fmt
 from dpex.epoch.batch_shards import ShardedPosition, is_batch_shard
-from dpex.epoch.position import WorkerPosition
+from dpex.epoch.position import WorkerPosition, is_stateful
 from dpex.epoch.record import EpochRecord
 from dpex.epoch.rescale import DistributedPosition, describe_mismatch
-from dpex.epoch.resume import PendingResume, loader_facts
+from dpex.epoch.resume import PendingResume, epoch_length, loader_facts
 from dpex.epoch.stream_split import StreamPosition, is_split_stream, replica_state
 from dpex.epoch.torch_hooks import main_process_state
 
@@ -114,10 +115,13 @@ def save(loader: Any, record: EpochRecord, distributed: EpochPosition | None) ->
 
 
 def load(loader: Any, state: Any) -> PendingResume:
-    """Check ``state`` against ``loader`` and read it (ValueError naming what differs)."""
+    """Check ``state`` against ``loader`` and read it (ValueError naming what differs, or
+    the damaged field: state_check.py); the loader's generator is set only once it all
+    holds."""
     now = facts(loader)
-    saved_sampler = ((fmt.upgrade(state) if isinstance(state, dict) else {}).get("loader")
-                     or {}).get("sampler")
+    state = fmt.upgrade(state)
+    state_check.check(state, state_facts(loader, now))
+    saved_sampler = (state.get("loader") or {}).get("sampler")
     if saved_sampler == DISTRIBUTED_KIND and one_rank_of_a_job(loader):
         now["sampler"] = saved_sampler  # the job went on in one process (begin_distributed)
     resume = PendingResume.from_state_dict(
@@ -127,7 +131,7 @@ def load(loader: Any, state: Any) -> PendingResume:
     if resume.distributed is not None:
         sampler = loader.sampler
         if one_rank_of_a_job(loader):
-            return resume
+            return resume.set_generator(loader.generator)
         if not rescalable(loader):
             raise ValueError(f"the state was saved over a DistributedSampler; this loader's "
                              f"sampler is {type(sampler).__name__}")
@@ -150,7 +154,19 @@ def load(loader: Any, state: Any) -> PendingResume:
             f"before it is read, so the rest of the epoch cannot be split again. Resume on "
             f"{saved_ranks} ranks, or from a state saved at an epoch's end (a "
             f"ParquetIterableDataset resumes on any number of ranks)")
-    return resume
+    return resume.set_generator(loader.generator)
+
+
+def state_facts(loader: Any, now: dict[str, Any]) -> state_check.Facts:
+    """What ``state_check`` checks a state's counts against."""
+    iterable, index_sampler = is_iterable(loader), loader._base_index_sampler
+    sampler = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
+    return state_check.Facts(
+        dataset_length=now["dataset_length"], batches=epoch_length(index_sampler, iterable),
+        batch_size=loader.batch_size, drop_last=loader.drop_last,
+        num_workers=loader.num_workers, iterable=iterable,
+        dataset_stateful=callable(getattr(loader.dataset, "load_state_dict", None)),
+        sampler_stateful=is_stateful(sampler), split_stream=is_split_stream(loader.dataset))
 
 
 def pipeline_world_size(dataset: Any) -> int | None:
@@ -298,16 +314,21 @@ def begin_distributed(loader: Any, resume: PendingResume | None
                                 sampler.rank), \
             None, resume
     if sampler.epoch != saved.epoch:
-        raise ValueError(f"the state was saved in epoch {saved.epoch} of its DistributedSampler; "
+        raise ValueError(f"the state was saved in epoch {saved.epoch} of its DistributedSampler "
+                         f"(the state's field sampler.distributed.epoch); "
                          f"this loader's sampler is at epoch {sampler.epoch}: call "
                          f"sampler.set_epoch({saved.epoch}) before iterating the resumed epoch")
     position = saved.resumed_on(sampler.num_replicas)
-    if position.segments == saved.segments:  # the same world size: torch's own split
+    if position.segments == saved.segments and len(saved.segments) == 1:
+        # The same world size, never resized: torch's own split goes on.
         _check_in_order(resume, sampler.rank, rescaled=False)
         return DistributedEpoch(saved, len(sampler), batch_size, sampler.rank), None, resume
+    # Another world size, or the same as a resized segment's (not torch's split): the rest
+    # of the last segment, from where its ranks stood.
     _check_in_order(resume, sampler.rank, rescaled=True)
     rest = position.rank_indices(sampler.rank)
-    return (DistributedEpoch(position, len(rest), batch_size, sampler.rank), rest,
+    done = position.segments[-1][1]
+    return (DistributedEpoch(position, done + len(rest), batch_size, sampler.rank, done), rest,
             _rest_only(resume))
 
 

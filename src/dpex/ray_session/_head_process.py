@@ -3,7 +3,9 @@ print its address, and shut it down when stdin closes or the trainer is gone (NO
 [ dpex How Each Process Ends ], process_ends.py).
 
 Run as a plain script, not as part of the ``dpex`` package, so that it imports Ray and
-not torch: ``python _head_process.py NICENESS``.
+not torch: ``python _head_process.py NICENESS TEMP_DIR [OWN_TOKEN]``: Ray's temporary folder
+(inside the session's private folder), and the token file made for this session alone,
+removed once Ray is down (NOTE [ dpex Embedded Ray's Private Session ]).
 """
 
 import importlib.util
@@ -45,16 +47,26 @@ def main() -> None:
     process_ends = _load("process_ends")
     stopping = threading.Lock()
     session: list[str] = []  # the node's session directory, once it has one
+    temp_dir, own_token = sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else ""
+
+    def remove_own_token() -> None:
+        if own_token:
+            try:
+                os.unlink(own_token)
+            except FileNotFoundError:
+                pass
 
     def stop_ray() -> None:  # the trainer closed stdin: a graceful stop
         with stopping:
             process_ends.shutdown_ray(compat.started_node_pids(), *session)
+            remove_own_token()
 
     def trainer_gone() -> None:  # however far the head got: end all of it now
         if stopping.acquire(blocking=False):  # else the graceful stop runs: let it end
             process_ends.kill_descendants()
             for session_dir in session:
                 process_ends.kill_naming(session_dir)
+            remove_own_token()
         else:
             stopping.acquire()
 
@@ -64,12 +76,14 @@ def main() -> None:
     # A loop that ends within START_AFTER_S never pays Ray's start, nor its import.
     group.wait_to_start()
     if closed.is_set():  # the trainer is done before it needed Ray: start none of it
+        remove_own_token()
         return
     compat = _load("compat")
     try:
-        context = compat.start_embedded_ray(int(sys.argv[1]), priority.WORKER_REGISTER_S)
+        context = compat.start_embedded_ray(int(sys.argv[1]), priority.WORKER_REGISTER_S,
+                                            _temp_dir=temp_dir)
     except BaseException:  # e.g. the raylet did not register in time: leave none of it
-        process_ends.kill_descendants()
+        process_ends.kill_descendants()  # (the token stays for a retry: the trainer's)
         raise
     session.extend(filter(None, [context.address_info.get("session_dir")]))
     port = context.address_info["gcs_address"].rsplit(":", 1)[1]

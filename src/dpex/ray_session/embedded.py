@@ -10,20 +10,23 @@ Why
   joins it once it is up (0.1 s) and hands its logical workers over to Ray processes.
   Without the local start the trainer waits for the helper and joins at once: the embedded
   Ray runs in the helper in every case, so that one process owns it and ends it however
-  the trainer ends.
+  the trainer ends. Its session folder and token are the user's alone (NOTE [ dpex
+  Embedded Ray's Private Session ], private_session.py).
 
 The helper
-  ``python _head_process.py NICENESS``: a plain Python process (Ray, no torch), leading a
-  session of its own at the lowest priority (NOTE [ dpex Embedded Head Priority ]). 5 s
+  ``python _head_process.py NICENESS TEMP_DIR [OWN_TOKEN]``: a plain Python process (Ray,
+  no torch), leading a session of its own at the lowest priority (NOTE [ dpex Embedded
+  Head Priority ]), its Ray's temporary folder and own token file as arguments. 5 s
   after it began, or at once on the trainer's word (or never, if the trainer is done
   first), it runs ``ray.init(address="local")`` bound to loopback, with the trainer's
   worker niceness, prints one line, ``127.0.0.1:<GCS port>``, then reads its stdin (the
   trainer's word that puts it back at full priority) until it closes. Then it shuts
-  Ray down (the head's daemons are its children) and SIGKILLs what is left of the node's
-  processes (Ray's agents, still starting, outlived their raylet), and exits. A helper
-  whose ``ray.init`` fails kills what it started and exits with Ray's error; when that
+  Ray down (the head's daemons are its children), SIGKILLs what is left of the node's
+  processes (Ray's agents, still starting, outlived their raylet), removes the session's
+  own token file, and exits. A helper whose ``ray.init`` fails kills what it started and
+  exits with Ray's error (the token stays for the retry, or the trainer removes it); when that
   error is Ray's startup timeout (a raylet that did not register within Ray's 30 s, on a
-  machine busy starting other processes), one more helper tries again.
+  machine busy starting other processes), another helper tries again, twice at most.
 
 Who owns what
   The trainer owns the helper: it closes the helper's stdin at interpreter exit
@@ -49,6 +52,7 @@ import time
 import ray
 
 from dpex import compat, process_ends
+from dpex.ray_session import auth, private_session
 from dpex.ray_session.head_priority import FULL_PRIORITY
 from dpex.ray_session.join import driver_pythonpath, join
 
@@ -60,8 +64,10 @@ class EmbeddedHead:
 
     # Ray gives a starting raylet 30 s to register with its GCS, and gives up after
     # (Ray's "timed out during startup"): on a machine busy starting other processes. The
-    # helper then leaves nothing behind, and one more helper tries again.
+    # helper then leaves nothing behind, and another helper tries again, twice at most (on
+    # 2 cores beside two busy processes and another Ray, two tries in a row missed it).
     RETRIED_FAILURE = "timed out during startup"
+    RETRIES = 2
 
     def __init__(self, niceness: int) -> None:
         self._niceness = niceness
@@ -69,8 +75,10 @@ class EmbeddedHead:
         # prestarted workers can then host the trainer's actors (a job with a runtime_env
         # of its own would need new processes, and leave them idle).
         self.pythonpath = driver_pythonpath()
+        self.folder = private_session.session_folder()
+        self.token = private_session.session_token(self.folder, auth.has_token_auth())
         self.address: str | None = None
-        self.retries_left = 1
+        self.retries_left = self.RETRIES
         self._said_full_priority = False
         self._start()
 
@@ -79,9 +87,10 @@ class EmbeddedHead:
         # A session of its own: its processes and Ray's, all in it, get a scheduling group
         # of their own (head_priority.py).
         self._proc = subprocess.Popen(
-            [sys.executable, _SCRIPT, str(self._niceness)], stdin=subprocess.PIPE,
+            [sys.executable, _SCRIPT, str(self._niceness), os.path.join(self.folder, "ray"),
+             self.token.path if self.token.own else ""], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": self.pythonpath})
+            env={**os.environ, "PYTHONPATH": self.pythonpath, **self.token.environment()})
         # Processes forked later (local workers) close their copy: EOF reaches the helper.
         process_ends.trainer_only(self._proc.stdin)
         self._line: str | None = None
@@ -120,6 +129,7 @@ class EmbeddedHead:
                     self._stderr.close()
                     self._start()
                     return None
+                self.token.remove()
                 raise RuntimeError("dpex could not start its embedded Ray (exit code "
                                    f"{self._proc.returncode}):\n{output}")
         return self.address
@@ -207,6 +217,8 @@ def join_head(address: str) -> None:
     pythonpath = driver_pythonpath()
     own_path = {} if _head is not None and _head.pythonpath == pythonpath else {
         "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
+    # The trainer authenticates with the session's token while it is joined (_stop).
+    os.environ.update(_head.token.environment() if _head is not None else {})
     with compat.loopback_only(), compat.quiet_token_auth_banner():
         join(address, **own_path)
     _joined_at = time.monotonic()
@@ -234,5 +246,7 @@ def _stop() -> None:
         ray.shutdown()
     _joined_at = None
     if _head is not None:  # the helper stops Ray's daemons; the trainer does not wait
+        if _head.token.own:
+            os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
         _head.stop()
         _head = None

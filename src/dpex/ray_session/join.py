@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import ray
 
 from dpex import compat
-from dpex.ray_session import auth
+from dpex.ray_session import auth, private_session
 
 CONNECT_TIMEOUT_S = 5.0
 _joining: ContextVar[bool] = ContextVar("dpex_joining", default=False)
@@ -107,6 +107,9 @@ def _versions_with_token_if_needed(address: str) -> dict | None:
         return versions
     versions = auth.cluster_versions(address, token, CONNECT_TIMEOUT_S)
     auth.enable_token_auth()
+    found = private_session.user_token_file()
+    if found:  # the user's own cluster's token: said, never changed
+        private_session.check_token_file(*found)
     return versions
 
 

@@ -10,8 +10,9 @@ Rules:
 * ``None``: always start the embedded local Ray (never join).
 * An explicit ``"host:port"`` / ``"ray://host:port"``: join that cluster.
 
-Joining is ``join.py``'s; the embedded Ray (a head in a helper process, dashboard off, bound
-to loopback, stopped at exit) is ``embedded.py``'s.
+The ``ray start`` record is followed only where it is the user's or root's (NOTE [ dpex
+Embedded Ray's Private Session ]). Joining is ``join.py``'s; the embedded Ray (a head in a
+helper process, dashboard off, bound to loopback, stopped at exit) is ``embedded.py``'s.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import warnings
 
 import ray
 
-from dpex import compat
-from dpex.ray_session import embedded
+from dpex.ray_session import embedded, private_session
 from dpex.ray_session.join import check_reachable, join
 
 
@@ -53,7 +53,7 @@ def would_start_embedded(head_address: str | None) -> bool:
     env_address = os.environ.get("RAY_ADDRESS")
     if env_address:
         return env_address == "local"
-    recorded = compat.recorded_cluster_address()
+    recorded = recorded_cluster_address()
     if not recorded:
         return True
     try:
@@ -70,7 +70,7 @@ def _join_or_start_embedded() -> None:
     elif env_address and env_address != "auto":
         join(env_address)
     elif env_address == "auto":  # Ray's meaning: the cluster `ray start` recorded, or fail
-        recorded = compat.recorded_cluster_address()
+        recorded = recorded_cluster_address()
         if not recorded:
             raise ConnectionError(
                 "RAY_ADDRESS=auto, but no Ray cluster was started on this machine with "
@@ -82,7 +82,7 @@ def _join_or_start_embedded() -> None:
 
 
 def _join_recorded_or_start_embedded() -> None:
-    recorded = compat.recorded_cluster_address()
+    recorded = recorded_cluster_address()
     if recorded:
         try:
             check_reachable(recorded)
@@ -98,3 +98,22 @@ def _join_recorded_or_start_embedded() -> None:
     # Nothing running on this machine: the embedded, process-local Ray. Other processes'
     # embedded instances are deliberately not joined (Ray's legacy "auto" would grab one).
     embedded.start_and_join()
+
+
+_refused_records: set[str] = set()
+
+
+def recorded_cluster_address() -> str | None:
+    """The address the last ``ray start --head`` on this machine recorded, where the record
+    is the user's or root's; None, with a warning once, where another user wrote it."""
+    path = private_session.record_path()
+    try:
+        return private_session.read_record(path)
+    except private_session.RecordRefused as refused:
+        if path not in _refused_records:
+            _refused_records.add(path)
+            warnings.warn(
+                f"dpex does not join the Ray cluster recorded in {path}: {refused}. Its "
+                f"workers would run your code and read your data. Pass its address as "
+                f"head_address='host:port' to join it on purpose.", stacklevel=4)
+        return None

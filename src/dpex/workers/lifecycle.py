@@ -17,6 +17,7 @@ from ray.exceptions import ActorUnschedulableError, RayActorError, RayError
 
 from dpex.ray_session import session_handles
 from dpex.workers import user_code
+from dpex.workers.give_back import worth_keeping
 from dpex.workers.local_workers import LocalActor, LocalProcessDied, get, stop_all
 from dpex.workers.options import NoEligibleNodeError, eligible_nodes
 from dpex.workers.pool import POOL, kill_quietly
@@ -287,22 +288,33 @@ class ProcessLifecycle:
         self._stats.set_processes(sum(not (p.dead or p.retiring) for p in self._procs))
 
     def _shutdown_workers(self, reuse: bool = False, epoch_done: bool = False) -> None:
-        """Release the processes: back to the pool when ``reuse`` and a process owes nothing
-        (its tasks would otherwise still run ahead of the next loader's), else killed.
+        """Release the processes: back to the pool when ``reuse`` and a process owes nothing,
+        or little (its tasks run ahead of the next loader's: ``give_back.worth_keeping``),
+        else killed.
 
         ``epoch_done``: the epoch ran to its end. What is still in flight then is only the
         extra tasks of exhausted IterableDataset replicas (torch drops them likewise): each
-        answers END at once, so the actor is kept; its next ``begin`` runs after them."""
+        answers END at once, so the actor is kept; its next ``begin`` runs after them.
+        Those of a replica that answered END (``slot.active`` is False) owe nothing either
+        whenever the iterator goes: a persistent iterator whose epoch ended, collected
+        before a next epoch, gives its processes back (they were killed, and the next
+        loader waited seconds for new ones)."""
         session_handles.check()  # a Ray without post-init hooks: forget a gone session now
         if self._shutdown:
             return
         self._shutdown = True
-        busy = {slot.process for slot in self._slots if slot.in_flight}
+        owed: dict[ProcessHandle, int] = {}
+        for slot in self._slots:
+            if slot.in_flight and slot.active:
+                owed[slot.process] = owed.get(slot.process, 0) + len(slot.in_flight)
         stop_all([p.actor for p in self._procs if isinstance(p.actor, LocalActor)])
         for proc in list(self._procs):
             # A process still starting (added watched: no worker, nothing owed but its
             # answer) goes back too: the next iterator takes it, seconds into its start.
-            keep = reuse and not proc.dead and (epoch_done or proc not in busy)
+            # One that owes batches, where making them is quicker than a new process's
+            # start (give_back.py).
+            keep = reuse and not proc.dead and (
+                epoch_done or worth_keeping(owed.get(proc, 0), proc.seconds_per_task()))
             if isinstance(proc.actor, LocalActor):
                 pass  # stopped above, all at once
             elif keep:

@@ -27,9 +27,11 @@ Which actor fits
 
 What is released when
   * Only actors that ended cleanly come back (the epoch ran to its end, or nothing was in
-    flight when the iterator went), and those still starting with no worker yet (a local
-    start's hand-over, local_start.py: they owe nothing but their answer); an actor with
-    tasks in flight, one that died or failed to start, is killed (``ray.kill``) as before.
+    flight when the iterator went but the extra tasks of IterableDataset replicas that
+    already answered END, which answer END at once: a persistent iterator collected after
+    its epoch's end), and those still starting with no worker yet (a local start's
+    hand-over, local_start.py: they owe nothing but their answer); an actor with tasks
+    in flight, one that died or failed to start, is killed (``ray.kill``) as before.
   * Size: the pool never holds more actors than this process had busy at once (actors only
     enter it on release); each idle actor is killed ``idle_timeout_s`` (a ``WorkerOptions``
     field, default 120 s) after its release, by a daemon reaper thread; sooner on a node

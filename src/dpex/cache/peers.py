@@ -1,0 +1,241 @@
+"""The other nodes' entries, as a worker process finds them from its own node.
+
+NOTE [ dpex Cache Across Hosts ]
+
+An entry is kept where it was computed: in that node's owner (owner.py) and on that
+host's disk. A process that looked only at its own node's owner and disk computed again
+every sample whose batch went to another host the next epoch: on three hosts that share
+no ``/tmp`` (tests/test_hosts.py), 358 stage calls for 192 samples over 4 epochs, where
+one machine made 192. So a process also reads the indexes of the namespace's owners on
+the other nodes (``PeerTier``), after its own node's tiers:
+
+* At an epoch's start (``refresh``) it lists the namespace's owners (Ray's named actors
+  ``<user>/<namespace>/<node id>/blocks``) and asks each other one for the keys of the
+  blocks it has not listed yet (``CacheOwner.keys``): keys and the blocks' references,
+  not their bytes. The answers come in the background; a lookup that misses this node's
+  tiers while they are on their way waits for them, at most ``_FIRST_SYNC_S`` from the
+  ask, once an epoch (as memory.py waits for its own owner's index). An owner that was
+  still starting as it answered had not yet received the entries sent to it meanwhile
+  (NOTE [ dpex Cache Sends ]), so a key no node listed asks again, and waits a round trip
+  for the answers (``_ANSWER_WAIT_S`` at most): the first such key after the epoch's
+  start, then after twice as many such keys each time the answers listed nothing new (up
+  to 256), after 8 when they did. Asked every 0.5 s instead, a process computed a hundred
+  samples between two questions (3 ms decodes): 1.08-1.25 stage calls per sample.
+* A lookup whose key another node holds reads that node's blocks through Ray's object
+  store: the one it needs, and the others of that node that this process has not read,
+  while they fit this node's budget (``memory_share`` of its store) and ``_PULL_BYTES``,
+  in one ``ray.get``:
+  Ray pulls them from the node that holds them, together. One block at a time, each pull
+  paid Ray's transfer latency (12-30 ms on a loaded 2-core machine) for a few entries,
+  more than the 5 ms stage it saved; together, the next hits read them in place. The
+  entry then goes to this node's owner where it has room (``Space._promote``), so the
+  next epoch reads it here.
+* A pull that costs more than computing is not worth it. A process measures what an entry
+  read from another node costs (its share of the pull that brought it, by entries, and
+  its read out of the block) and stops asking once the mean exceeds its stage's median
+  compute time (``policy.pull_pays``). Charged whole to the hit that made it, a pull of a
+  few blocks (33-70 ms on a loaded 2-core machine) stopped every process after 8 hits.
+* A node that leaves takes its owner and entries with it, and only those: a peer whose
+  block or answer fails to arrive (``_GET_TIMEOUT_S``) is dropped with all its keys, and
+  its samples are computed again here, with the same bits.
+* Only the object store is read across hosts: an entry another host holds on its disk
+  alone (its store's budget was full) is not found from here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dpex.cache import disk, entries
+from dpex.cache.options import user
+from dpex.cache.owner import RAY_NAMESPACE, block_parts, owner_node
+from dpex.cache.policy import CostModel, pull_pays
+
+_FIRST_SYNC_S = 10.0  # the longest a lookup waits for the other owners' keys, from the ask
+# After how many keys none listed to ask again: the first after an epoch's start, then
+# twice as many each time nothing new was listed, up to the last; the middle after news.
+_ASK_AFTER = (1, 8, 256)
+_ANSWER_WAIT_S = 1.0  # ... and wait this long at most for the answers
+_GET_TIMEOUT_S = 10.0  # a block not pulled in this long: its node is going, a miss
+_PULL_BYTES = 64 * 2**20  # the most one lookup pulls (in well under _GET_TIMEOUT_S)
+
+
+class _Peer:
+    """Another node's owner, as this process has listed it."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.seen = 0  # blocks listed so far
+        self.refs: dict[int, Any] = {}  # block number -> its reference
+        self.sizes: dict[int, tuple[int, int]] = {}  # block number -> (bytes, entries)
+        self.asked: Any = None
+
+
+class PeerTier:
+    """The entries of the other nodes' owners of one namespace (see the NOTE above)."""
+
+    full = True  # it keeps nothing of its own: what it reads goes to this node's owner
+
+    def __init__(self, node: str, name: str, cost: CostModel, limit: int) -> None:
+        self._node, self._name = node, name
+        self._cost = cost  # the stage's measurements in this process (runtime.Space's)
+        self._limit = limit  # bytes of other nodes' blocks read in place at most
+        self._pulled_bytes = 0
+        self._peers: dict[str, _Peer] = {}  # node id -> its owner
+        self._index: dict[str, tuple[str, int, int]] = {}  # key -> (node, block, position)
+        self._mapped: dict[tuple[str, int], tuple] = {}  # (node, block) -> the block pulled
+        self._index_due: float | None = None
+        self._unlisted = 0  # keys none listed since the last question
+        self._ask_after = _ASK_AFTER[0]
+        self._read_s: list[float] = []  # seconds per entry read from another node
+        self.refresh()
+
+    # ------------------------------------------------------------------ the index
+
+    def refresh(self) -> None:
+        """At an epoch's start: find the namespace's owners on other nodes, and ask each
+        for the keys it has that this process has not listed."""
+        import ray
+
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            name = actor["name"]
+            node = (owner_node(name, user(), self._name)
+                    if actor["namespace"] == RAY_NAMESPACE else None)
+            if node is None or node == self._node or node in self._peers:
+                continue
+            try:
+                self._peers[node] = _Peer(ray.get_actor(name, namespace=RAY_NAMESPACE))
+            except ValueError:  # gone since it was listed
+                continue
+        self._ask()
+        self._index_due = time.monotonic() + _FIRST_SYNC_S if self._peers else None
+        self._unlisted, self._ask_after = 0, _ASK_AFTER[0]
+
+    def _ask(self) -> list[Any]:
+        """Ask the owners that have no question on its way; the questions sent."""
+        sent = []
+        for peer in self._peers.values():
+            if peer.asked is None:
+                peer.asked = peer.handle.keys.remote(peer.seen)
+                sent.append(peer.asked)
+        return sent
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Take the answers that are there (waiting ``timeout_s`` at most for them); how
+        many blocks they listed."""
+        import ray
+        from ray.exceptions import RayError
+
+        asked = {peer.asked: node for node, peer in self._peers.items() if peer.asked is not None}
+        if not asked:
+            return 0
+        listed = 0
+        for ref in ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)[0]:
+            node = asked[ref]
+            peer = self._peers[node]
+            peer.asked = None
+            try:
+                count, blocks = ray.get(ref)
+            except (RayError, AttributeError):  # gone, or an owner without ``keys``
+                self._drop(node)
+                continue
+            for offset, (box, keys, size) in enumerate(blocks):
+                number = peer.seen + offset
+                peer.refs[number], peer.sizes[number] = box[0], (size, len(keys))
+                self._index.update((key, (node, number, position))
+                                   for position, key in enumerate(keys))
+            peer.seen = count
+            listed += len(blocks)
+        return listed
+
+    def _where(self, key: str) -> tuple[str, int, int] | None:
+        """Where another node holds ``key``. A key not listed waits for the epoch's first
+        answers (until ``_index_due``); later, for fresh answers, asked again no more often
+        than every ``_ask_after`` such keys (an owner that was starting as it answered may
+        have received entries since), which doubles while they list nothing new."""
+        where = self._index.get(key)
+        if where is not None:
+            return where
+        if self._index_due is not None:
+            due, self._index_due = self._index_due, None
+            self.poll(max(0.0, due - time.monotonic()))
+            where = self._index.get(key)
+            if where is not None:
+                return where
+        self._unlisted += 1
+        if self._unlisted >= self._ask_after:
+            import ray
+
+            self._unlisted = 0
+            sent = self._ask()  # an owner that has not answered the last question is not
+            if sent:  # waited for again (its host may be cut off)
+                ray.wait(sent, num_returns=len(sent), timeout=_ANSWER_WAIT_S)
+            listed = self.poll()
+            self._ask_after = (_ASK_AFTER[1] if listed
+                               else min(2 * self._ask_after, _ASK_AFTER[2]))
+        else:
+            self.poll()
+        return self._index.get(key)
+
+    def _drop(self, node: str) -> None:
+        """Forget a node's owner and every entry it listed (it or its node went)."""
+        self._peers.pop(node, None)
+        self._index = {k: where for k, where in self._index.items() if where[0] != node}
+        self._mapped = {k: block for k, block in self._mapped.items() if k[0] != node}
+        self._pulled_bytes = sum(self._peers[n].sizes[b][0] for n, b in self._mapped)
+
+    # ------------------------------------------------------------------ lookups
+
+    def get(self, key: str) -> Any:
+        if not self._peers or not pull_pays(self._read_s, self._cost.compute_s):
+            return disk.MISS
+        where = self._where(key)
+        if where is None:
+            return disk.MISS
+        node, number, position = where
+        block, pull_share = self._mapped.get((node, number)), 0.0
+        if block is None:
+            pulled = self._pull(node, number)
+            if pulled is None:
+                return disk.MISS
+            block, pull_share = pulled
+        started = time.perf_counter()
+        stored = entries.from_parts(block_parts(block, position))
+        if len(self._read_s) < 256:  # what an entry costs: its read, its share of a pull
+            self._read_s.append(pull_share + time.perf_counter() - started)
+        return stored
+
+    def _pull(self, node: str, number: int) -> tuple[tuple, float] | None:
+        """Read block ``number`` of ``node``'s owner, with that owner's other blocks not
+        read yet while they fit the budget, in one ``ray.get``: (the block, the seconds
+        per entry pulled), or None where it failed (its owner or node went: the owner is
+        dropped)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, ObjectLostError
+
+        peer = self._peers.get(node)
+        if peer is None or number not in peer.refs:
+            return None
+        room = min(self._limit - self._pulled_bytes, _PULL_BYTES) - peer.sizes[number][0]
+        numbers = [number]
+        for other in sorted(peer.refs):
+            size = peer.sizes[other][0]
+            if other != number and (node, other) not in self._mapped and size <= room:
+                numbers.append(other)
+                room -= size
+        started = time.perf_counter()
+        try:
+            blocks = ray.get([peer.refs[n] for n in numbers], timeout=_GET_TIMEOUT_S)
+        except (ObjectLostError, GetTimeoutError):
+            self._drop(node)
+            return None
+        for n, block in zip(numbers, blocks):
+            self._mapped[node, n] = block
+            self._pulled_bytes += peer.sizes[n][0]
+        seconds = time.perf_counter() - started
+        return blocks[0], seconds / max(1, sum(peer.sizes[n][1] for n in numbers))
+
+    def unmap(self) -> None:
+        """Let go of the blocks pulled (this process goes back to its pool)."""
+        self._mapped, self._pulled_bytes = {}, 0

@@ -1,0 +1,94 @@
+"""A training script as a user runs it on a host of the bed (tests/test_hosts.py): dpex's
+loader (``distribute_mode=True``, joining the host's `ray start` with the default
+``head_address="auto"``) beside torch's, with the same arguments, over ``--epochs``
+epochs, compared with ``torch.equal``. Prints one JSON line: whether each epoch matched,
+the addresses and hostnames of the hosts the workers ran on, and the seconds each epoch
+took.
+
+``--cached-runs DIR``: the dataset is tests/cache_datasets.py's ``Decoded`` (192 samples, a
+``dpex.cached`` decode) noting each run of its stage in DIR, a folder all hosts share; its
+workers set torch up first (``cache_datasets.warm_torch``).
+
+``--wait-at N --ready PATH --go PATH``: in epoch 0, after batch N, write ``ready`` and wait
+until ``go`` exists (the test does something to the cluster meanwhile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+import dpex
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Samples drawn from torch's per-worker random state: bitwise equal only where each
+    worker is seeded as torch seeds it."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), torch.rand(3)
+
+
+def epochs(loader, count: int, args) -> tuple[list, list]:
+    out, seconds = [], []
+    for epoch in range(count):
+        started, batches = time.monotonic(), []
+        for batch in loader:
+            batches.append(batch)
+            if args.wait_at is not None and epoch == 0 and len(batches) == args.wait_at:
+                open(args.ready, "w").close()
+                while not os.path.exists(args.go):
+                    time.sleep(0.05)
+        out.append(batches)
+        seconds.append(time.monotonic() - started)
+    return out, seconds
+
+
+def hosts_of(node_ids) -> list[list[str]]:
+    import ray
+
+    nodes = {n["NodeID"]: n for n in ray.nodes()}
+    return sorted([nodes[i]["NodeManagerAddress"], nodes[i].get("NodeName", "")]
+                  for i in node_ids if i in nodes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--wait-at", type=int)
+    parser.add_argument("--ready")
+    parser.add_argument("--go")
+    parser.add_argument("--cached-runs")
+    args = parser.parse_args()
+    options = dict(batch_size=4, shuffle=True, num_workers=4)
+    reference = dataset = Noisy()
+    if args.cached_runs:
+        from cache_datasets import Decoded, warm_torch
+
+        reference, dataset = Decoded(192), Decoded(192, args.cached_runs)
+        options.update(batch_size=8, worker_init_fn=warm_torch)
+    expected, _ = epochs(torch.utils.data.DataLoader(
+        reference, generator=torch.Generator().manual_seed(7), **options), args.epochs,
+        argparse.Namespace(wait_at=None))
+    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(7),
+                             distribute_mode=True, **options)
+    got, seconds = epochs(loader, args.epochs, args)
+    equal = [len(e) == len(g) and all(torch.equal(a, b) for x, y in zip(e, g)
+                                      for a, b in zip(x, y))
+             for e, g in zip(expected, got)]
+    stats = loader.stats()
+    print(json.dumps({"equal": equal, "hosts": hosts_of(stats.per_node),
+                      "seconds": seconds, "worker_restarts": stats.worker_restarts,
+                      "cache": [c.summary() for c in stats.cache]}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

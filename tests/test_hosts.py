@@ -1,0 +1,117 @@
+"""dpex on hosts that share nothing but the filesystem (benchmarks/clusters/hosts.py): three
+hosts, each its own network, address, hostname, /tmp, /dev/shm and PID space, `ray start`
+on each as users run it (token auth on), the trainer on host 0, which has no Ray CPUs.
+
+The training script is a user's (tests/hosts_train_script.py), run from a plain shell on
+host 0 with torch's default arguments and dpex's default ``head_address="auto"`` (the
+address host 0's own `ray start` recorded in its /tmp). Its batches are compared with
+torch's loader's in the same script with ``torch.equal``.
+
+A whole host is powered off as a real one is: its link goes down first, so that no peer
+hears its sockets close, then every process on it ends at once. That test runs last: the
+module's cluster has one worker host after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+
+import pytest
+
+from conftest import TESTS_DIR
+
+pytestmark = pytest.mark.slow
+
+hosts = pytest.importorskip("clusters.hosts")
+
+SCRIPT = os.path.join(TESTS_DIR, "hosts_train_script.py")
+
+
+@pytest.fixture(scope="module")
+def bed():
+    reason = hosts.why_not()  # here, not at collection: it tries a namespace
+    if reason:
+        pytest.skip(reason)
+    bed = hosts.HostBed(3)
+    try:
+        bed.start_ray(head_cpus=0)
+        yield bed
+    finally:
+        bed.close()
+    assert bed.leftovers() == []  # no namespace, link, route or process of the bed's
+
+
+def _train(bed, *args: str) -> int:
+    """``python hosts_train_script.py ARGS`` on host 0, from a plain shell there."""
+    return bed.hosts[0].start(f"cd {TESTS_DIR} && python {SCRIPT} {' '.join(args)}")
+
+
+def _result(bed, job: int, timeout_s: float = 300) -> dict:
+    rc, out, err = bed.hosts[0].wait(job, timeout_s)
+    assert rc == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _alive_actors(bed) -> list[str]:
+    """The class names of the cluster's ALIVE actors, from Ray's state API on the head."""
+    code = ("import json; from ray.util.state import list_actors; print(json.dumps("
+            "[a.class_name for a in list_actors(filters=[('state', '=', 'ALIVE')])]))")
+    rc, out, err = bed.hosts[0].run(f"RAY_AUTH_MODE=token python -c \"{code}\"", 120)
+    assert rc == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_batches_are_torchs_on_worker_hosts_and_nothing_is_left(bed):
+    out = _result(bed, _train(bed, "--epochs", "2"))
+    assert out["equal"] == [True, True], out
+    # Ray names a node by its address: the workers ran on both worker hosts, none on
+    # host 0 (no Ray CPUs there).
+    assert [address for address, _ in out["hosts"]] == [h.address for h in bed.hosts[1:]], out
+    from helpers import wait_until
+
+    assert wait_until(lambda: "Worker" not in _alive_actors(bed), 30), _alive_actors(bed)
+    assert [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)] == []
+
+
+def _is_python_script(pid: int) -> bool:
+    try:
+        return SCRIPT.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+
+
+def test_the_stage_runs_once_per_sample_across_hosts_and_not_in_a_second_job(bed):
+    """NOTE [ dpex Cache Across Hosts ]: 192 samples of a cached decode, shuffled, on two
+    worker hosts that share no /tmp: each sample's batch lands on either host in each
+    epoch, and the stage still runs once per sample over 4 epochs; a second job runs it
+    not at all. (Without reading the other host's entries: 358 calls.)"""
+    from cache_datasets import runs_in
+
+    runs = os.path.join(bed.shared, "runs")
+    os.mkdir(runs)
+    for job in ("first", "second"):
+        out = _result(bed, _train(bed, "--epochs", "4", "--cached-runs", runs), 600)
+        assert out["equal"] == [True] * 4, (job, out)
+        assert len(out["hosts"]) == 2, (job, out)
+        computed = runs_in(runs)
+        assert sorted(computed) == list(range(192)), (job, len(computed), out["cache"])
+
+
+def test_a_worker_host_powered_off_mid_epoch_leaves_the_epoch_torchs(bed):
+    job = _train(bed, "--epochs", "2", "--wait-at", "5", "--ready", "/tmp/ready", "--go",
+                 "/tmp/go")  # in host 0's own /tmp
+    ready, go = (pathlib.Path(bed.hosts[0].path(f"/tmp/{n}")) for n in ("ready", "go"))
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        assert time.monotonic() < deadline and not bed.hosts[0].shell.done(job), \
+            bed.hosts[0].shell.output(job, "err")[-3000:]
+        time.sleep(0.1)
+    bed.cut(2)  # no peer hears a socket close: the host is just gone
+    bed.kill(2)
+    go.touch()
+    out = _result(bed, job)
+    assert out["equal"] == [True, True], out
+    assert out["worker_restarts"] >= 1, out
