@@ -85,6 +85,7 @@ def main() -> None:
              for e, g in zip(expected, got)]
     stats = loader.stats()
     print(json.dumps({"equal": equal, "hosts": hosts_of(stats.per_node),
+                      "per_host": stats.per_host,
                       "seconds": seconds, "worker_restarts": stats.worker_restarts,
                       "cache": [c.summary() for c in stats.cache]}),
           flush=True)

@@ -70,6 +70,9 @@ def test_batches_are_torchs_on_worker_hosts_and_nothing_is_left(bed):
     # Ray names a node by its address: the workers ran on both worker hosts, none on
     # host 0 (no Ray CPUs there).
     assert [address for address, _ in out["hosts"]] == [h.address for h in bed.hosts[1:]], out
+    # The stats name them as their users know them: by hostname.
+    assert sorted(out["per_host"]) == [h.name for h in bed.hosts[1:]], out
+    assert sum(out["per_host"].values()) == 2 * 96 // 4, out  # every batch of 2 epochs
     from helpers import wait_until
 
     assert wait_until(lambda: "Worker" not in _alive_actors(bed), 30), _alive_actors(bed)

@@ -4,6 +4,7 @@ the total of ``loader.stats()``, tagged by the loader's name and the batches' no
 from __future__ import annotations
 
 import re
+import socket
 import urllib.request
 import uuid
 import warnings
@@ -39,6 +40,20 @@ def test_a_ray_that_refuses_the_metrics_costs_one_warning_and_never_the_loop(mon
         metrics.publish("train", LoaderStats())  # off: silent
 
 
+def test_hosts_are_named_by_hostname_and_by_address_where_two_share_one():
+    from dpex.observe.node_names import host_names
+
+    def node(node_id, hostname, address):
+        return {"NodeID": node_id, "NodeManagerHostname": hostname,
+                "NodeManagerAddress": address}
+
+    nodes = [node("a", "gpu-1", "10.0.0.1"), node("b", "cpu-7", "10.0.0.2"),
+             node("c", "cpu-7", "10.0.0.2"),  # two nodes of one host: one host
+             node("d", "localhost", "10.0.0.3"), node("e", "localhost", "10.0.0.4")]
+    assert host_names(nodes) == {"a": "gpu-1", "b": "cpu-7", "c": "cpu-7",
+                                 "d": "localhost (10.0.0.3)", "e": "localhost (10.0.0.4)"}
+
+
 def scrape() -> str:
     """This session's node's metrics endpoint, as Prometheus reads it."""
     import ray
@@ -49,14 +64,16 @@ def scrape() -> str:
         return response.read().decode()
 
 
-def series(text: str, metric: str, loader: str) -> dict[str, float]:
-    """``{node tag or "": value}`` of ``metric``'s lines for ``loader``."""
-    found = {}
+def series(text: str, metric: str, loader: str, tag: str = "node") -> dict[str, float]:
+    """``{tag's value or "": value}`` of ``metric``'s lines for ``loader``, summed over the
+    lines of one value."""
+    found: dict[str, float] = {}
     for line in text.splitlines():
         match = re.match(rf"{metric}\{{(.*)\}} (\S+)$", line)
         if match and f'loader="{loader}"' in match.group(1):
-            node = re.search(r'node="([^"]*)"', match.group(1))
-            found[node.group(1) if node else ""] = float(match.group(2))
+            value = re.search(rf'{tag}="([^"]*)"', match.group(1))
+            key = value.group(1) if value else ""
+            found[key] = found.get(key, 0.0) + float(match.group(2))
     return found
 
 
@@ -83,6 +100,10 @@ def test_the_stats_reach_rays_metrics_endpoint_tagged_by_loader_and_node():
     text = scraped["text"]
     assert series(text, "ray_dpex_batches_total", loader.name) == {
         str(node): float(count) for node, count in stats.per_node.items()}
+    # One machine: every node is this host, named as `hostname` names it.
+    assert stats.per_host == {socket.gethostname(): stats.batches}
+    assert series(text, "ray_dpex_batches_total", loader.name, tag="host") == {
+        socket.gethostname(): float(stats.batches)}
     assert series(text, "ray_dpex_data_stall_seconds_total", loader.name)[""] == \
         pytest.approx(stats.stall_s)
     assert series(text, "ray_dpex_data_wait_seconds_total", loader.name)[""] == \

@@ -84,11 +84,13 @@ from dpex.epoch.seeding import draw_base_seed
 from dpex.loader import resuming
 from dpex.loader.dispatch import Dispatch
 from dpex.loader.receive import Receive
+from dpex.observe.node_names import HostNames
 from dpex.ray_session import object_store_capacities, session_handles
 from dpex.share.iterator_half import Sharing
 from dpex.workers import transport, user_code
 from dpex.workers.lifecycle import ProcessLifecycle, live_iterators
 from dpex.workers.local_start import LocalStart, can_start_locally
+from dpex.workers.local_workers import LOCAL_NODE
 from dpex.workers.options import WorkerOptions
 from dpex.workers.process_handle import ProcessHandle, WorkerSlot
 from dpex.workers.worker import ERROR, DatasetMethod, TaskResult, WorkerConfig
@@ -121,6 +123,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._persistent_workers = loader.persistent_workers
         self._options: WorkerOptions = loader.worker_options
         self._stats = loader._stats
+        self._stats.host_of = HostNames(local=LOCAL_NODE)  # per_host (a copy came without)
         self._spilled_ask = None  # Ray's spilled bytes, asked at an epoch's end (receive.py)
         self._loader_metrics = loader._metrics
         self._timeline = loader._timeline

@@ -7,7 +7,8 @@ What is published
   Each loader in distributed mode publishes, from the training process, through
   ``ray.util.metrics`` (names as Ray exports them, with its ``ray_`` prefix):
     counters  ``dpex_batches`` (tags ``loader``, ``node``: the Ray node id the batch came
-              from, ``local`` for the cold start's local processes),
+              from, ``local`` for the cold start's local processes, and ``host``: that
+              node's host as ``loader.stats().per_host`` names it),
               ``dpex_data_wait_seconds`` and ``dpex_data_stall_seconds`` (``loader``: the
               seconds the loop waited in ``next(loader)``, and the part of them it waited
               for a batch that was not there yet), ``dpex_worker_moves``,
@@ -66,7 +67,7 @@ def _instruments() -> dict[str, Any]:
 
     return {
         "batches": counter("dpex_batches", "Batches handed to the training loop, by the "
-                           "node whose worker made them.", ("loader", "node")),
+                           "node whose worker made them.", ("loader", "node", "host")),
         "wait": counter("dpex_data_wait_seconds", "Seconds the training loop spent in "
                         "next(loader)."),
         "stall": counter("dpex_data_stall_seconds", "Seconds the training loop waited for "
@@ -119,8 +120,9 @@ class LoaderMetrics:
         tags = {"loader": name}
         for node, count in stats.per_node.items():
             if count > self._sent_batches[node]:
+                host = stats.host_of(node) if stats.host_of is not None else str(node)
                 metrics["batches"].inc(count - self._sent_batches[node],
-                                       tags={**tags, "node": str(node)})
+                                       tags={**tags, "node": str(node), "host": host})
                 self._sent_batches[node] = count
         for key, total in (("wait", stats.wait_s), ("stall", stats.stall_s),
                            ("moves", stats.moves), ("restarts", stats.worker_restarts)):

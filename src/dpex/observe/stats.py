@@ -56,6 +56,9 @@ class StatsSnapshot:
         per_node: batches delivered per Ray node id of the process that made them
             (distributed mode only; ``"local"`` for the local processes a cold process
             begins on, see ``dpex.workers.local_start``).
+        per_host: the same batches per host, named as its users know it: its hostname, or
+            ``hostname (address)`` where hosts share a name (``dpex.observe.node_names``);
+            the local processes count for the trainer's host.
         worker_restarts: workers replaced after they died.
         processes: worker processes hosting the logical workers now (distributed mode).
         process_timeline: ``(elapsed_s, processes)`` at each change of the count.
@@ -95,6 +98,7 @@ class StatsSnapshot:
     per_worker: dict[int, int]
     per_node: dict[str, int]
     worker_restarts: int
+    per_host: dict[str, int] = field(default_factory=dict)
     processes: int = 0
     process_timeline: tuple[tuple[float, int], ...] = ()
     scaling_events: tuple[ScalingEvent, ...] = ()
@@ -157,6 +161,7 @@ class LoaderStats:
     max_in_flight: int = 0
     per_worker: Counter = field(default_factory=Counter)
     per_node: Counter = field(default_factory=Counter)
+    per_host: Counter = field(default_factory=Counter)
     worker_restarts: int = 0
     processes: int = 0
     process_timeline: list = field(default_factory=list)
@@ -175,10 +180,13 @@ class LoaderStats:
     # Called before a snapshot: fills in a figure asked for without waiting (the spilled
     # bytes, receive.py), so that stats() says what the last epoch's end asked.
     settle: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # The host a node id runs on (``dpex.observe.node_names.HostNames``; set in distributed
+    # mode, where the batches come from nodes).
+    host_of: Callable[[str], str] | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         # A copy or a pickle of the loader carries the figures, not a question to Ray.
-        return {**self.__dict__, "settle": None}
+        return {**self.__dict__, "settle": None, "host_of": None}
 
     def start_epoch(self) -> None:
         if self.started_at is None:
@@ -198,6 +206,8 @@ class LoaderStats:
             self.per_worker[worker_id] += 1
         if node_id is not None:
             self.per_node[node_id] += 1
+            if self.host_of is not None:
+                self.per_host[self.host_of(node_id)] += 1
 
     def set_in_flight(self, depth: int) -> None:
         self.in_flight = depth
@@ -242,6 +252,7 @@ class LoaderStats:
             max_in_flight=self.max_in_flight,
             per_worker=dict(self.per_worker),
             per_node=dict(self.per_node),
+            per_host=dict(self.per_host),
             worker_restarts=self.worker_restarts,
             processes=self.processes,
             process_timeline=tuple(self.process_timeline),
