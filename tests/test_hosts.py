@@ -55,10 +55,11 @@ def _result(bed, job: int, timeout_s: float = 300) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _alive_actors(bed) -> list[str]:
-    """The class names of the cluster's ALIVE actors, from Ray's state API on the head."""
-    code = ("import json; from ray.util.state import list_actors; print(json.dumps("
-            "[a.class_name for a in list_actors(filters=[('state', '=', 'ALIVE')])]))")
+def _alive(bed, kind: str = "actors", field: str = "class_name") -> list[str]:
+    """``field`` of each of the cluster's ALIVE actors (or nodes), from Ray's state API on
+    the head."""
+    code = (f"import json; from ray.util.state import list_{kind}; print(json.dumps("
+            f"[a.{field} for a in list_{kind}(filters=[('state', '=', 'ALIVE')])]))")
     rc, out, err = bed.hosts[0].run(f"RAY_AUTH_MODE=token python -c \"{code}\"", 120)
     assert rc == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])
@@ -75,7 +76,7 @@ def test_batches_are_torchs_on_worker_hosts_and_nothing_is_left(bed):
     assert sum(out["per_host"].values()) == 2 * 96 // 4, out  # every batch of 2 epochs
     from helpers import wait_until
 
-    assert wait_until(lambda: "Worker" not in _alive_actors(bed), 30), _alive_actors(bed)
+    assert wait_until(lambda: "Worker" not in _alive(bed), 30), _alive(bed)
     assert [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)] == []
 
 
@@ -103,7 +104,11 @@ def test_the_stage_runs_once_per_sample_across_hosts_and_not_in_a_second_job(bed
         assert sorted(computed) == list(range(192)), (job, len(computed), out["cache"])
 
 
-def test_a_worker_host_powered_off_mid_epoch_leaves_the_epoch_torchs(bed):
+def _train_until_batch_5(bed) -> tuple[int, pathlib.Path]:
+    """A 2-epoch training job on host 0, held at its 5th batch: the job, and the file that
+    lets it go on."""
+    for name in ("ready", "go"):
+        pathlib.Path(bed.hosts[0].path(f"/tmp/{name}")).unlink(missing_ok=True)
     job = _train(bed, "--epochs", "2", "--wait-at", "5", "--ready", "/tmp/ready", "--go",
                  "/tmp/go")  # in host 0's own /tmp
     ready, go = (pathlib.Path(bed.hosts[0].path(f"/tmp/{n}")) for n in ("ready", "go"))
@@ -112,6 +117,58 @@ def test_a_worker_host_powered_off_mid_epoch_leaves_the_epoch_torchs(bed):
         assert time.monotonic() < deadline and not bed.hosts[0].shell.done(job), \
             bed.hosts[0].shell.output(job, "err")[-3000:]
         time.sleep(0.1)
+    return job, go
+
+
+def _worker_processes(host) -> list[int]:
+    """The processes of ``host`` that run a dpex worker actor (Ray titles them)."""
+    found = []
+    for pid in host.pids():
+        try:
+            if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"ray::Worker"):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_trainer_killed_mid_epoch_leaves_no_worker_on_any_host(bed):
+    """A trainer SIGKILLed mid-epoch (the OOM killer, a preemption past its grace): no
+    exit hook of dpex's runs, and still no worker actor or process is left on any host,
+    and nothing of the script on host 0."""
+    job, _ = _train_until_batch_5(bed)
+    assert any(_worker_processes(host) for host in bed.hosts[1:])
+    scripts = [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)]
+    (script,) = [pid for pid in scripts if _parent(pid) not in scripts]  # not a fork of it
+    os.kill(script, 9)
+    assert bed.hosts[0].wait(job, 60)[0] == 128 + 9
+    from helpers import wait_until
+
+    assert wait_until(lambda: not any(_worker_processes(h) for h in bed.hosts), 60), \
+        [_worker_processes(h) for h in bed.hosts]
+    assert wait_until(lambda: "Worker" not in _alive(bed), 30), _alive(bed)
+    assert [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)] == []
+
+
+def test_a_worker_host_cut_off_for_10_s_and_back_leaves_the_epoch_torchs(bed):
+    """A switch reboots: host 2's link is down for 10 s mid-epoch, then up. The epoch goes
+    on with torch's bits, and the host is still in the cluster after it."""
+    job, go = _train_until_batch_5(bed)
+    bed.cut(2)
+    go.touch()
+    time.sleep(10)
+    bed.mend(2)
+    out = _result(bed, job)
+    assert out["equal"] == [True, True], out
+    assert sorted(_alive(bed, "nodes", "node_ip")) == sorted(h.address for h in bed.hosts)
+
+
+def test_a_worker_host_powered_off_mid_epoch_leaves_the_epoch_torchs(bed):
+    job, go = _train_until_batch_5(bed)
     bed.cut(2)  # no peer hears a socket close: the host is just gone
     bed.kill(2)
     go.touch()
