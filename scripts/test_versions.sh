@@ -19,6 +19,9 @@
 # run on CPU too). The machine's configuration and .venv are never touched.
 #
 # Usage: scripts/test_versions.sh [corner ...]     (default: oldest newest)
+#        scripts/test_versions.sh --stack corner ...   (only the torch and Ray each starts
+#                                                     with, the downloads: .ci/run makes the
+#                                                     oldest's beside the tiers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -87,7 +90,7 @@ versions_of() {  # "torch==X ray==Y" as installed in the environment
         grep -iE '^(torch|ray)==' | sort | tr '\n' ' '
 }
 
-build_corner() {
+build_stack() {  # the user's environment before dpex: kept while it holds the pinned versions
     local corner=$1 env=.venv-versions/$1
     local stamp="$env/.stack" stack
     stack="$(corner_stack "$corner")"
@@ -97,6 +100,11 @@ build_corner() {
         "$env/bin/python" -m pip install -q $stack
         echo "$stack" > "$stamp"
     fi
+}
+
+build_corner() {
+    local corner=$1 env=.venv-versions/$1
+    build_stack "$corner"
     local before after constraints
     before="$(versions_of "$env")"
     constraints="$env/constraints.txt"
@@ -128,6 +136,14 @@ run_corner() {
     RESULTS+=("| $corner | Python $python, $(versions_of "$env")| ${#VERSION_TESTS[@]} files | ${summary:-no summary} | $minutes |")
     return "$rc"
 }
+
+if [[ "${1:-}" == --stack ]]; then  # no dpex install here: it writes src/dpex.egg-info
+    shift
+    for corner in "$@"; do
+        build_stack "$corner"
+    done
+    exit 0
+fi
 
 RESULTS=()
 status=0
