@@ -8,8 +8,9 @@ address host 0's own `ray start` recorded in its /tmp). Its batches are compared
 torch's loader's in the same script with ``torch.equal``.
 
 A whole host is powered off as a real one is: its link goes down first, so that no peer
-hears its sockets close, then every process on it ends at once. That test runs last: the
-module's cluster has one worker host after it.
+hears its sockets close, then every process on it ends at once. That test and the one
+that cuts the last worker host off for good run last, in that order: the module's
+cluster has one worker host after the first, none after the second.
 """
 
 from __future__ import annotations
@@ -175,3 +176,17 @@ def test_a_worker_host_powered_off_mid_epoch_leaves_the_epoch_torchs(bed):
     out = _result(bed, job)
     assert out["equal"] == [True, True], out
     assert out["worker_restarts"] >= 1, out
+
+
+def test_the_last_worker_host_cut_for_good_ends_the_loop_with_a_clear_error(bed):
+    """After the power-off above, host 1 is the one worker host left; its link goes down
+    for good mid-epoch. Once Ray has found the node dead (its health checks: about a
+    minute), the loop gets an error that says no node can host a worker, not a hang."""
+    job, go = _train_until_batch_5(bed)
+    bed.cut(1)
+    started = time.monotonic()
+    go.touch()
+    rc, _, err = bed.hosts[0].wait(job, 300)
+    assert rc != 0 and time.monotonic() - started < 240, err[-3000:]
+    assert "NoEligibleNodeError: dpex: no alive Ray node can host a worker" in err, err[-3000:]
+    assert [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)] == []
