@@ -11,6 +11,14 @@ workers set torch up first (``cache_datasets.warm_torch``).
 
 ``--wait-at N --ready PATH --go PATH``: in epoch 0, after batch N, write ``ready`` and wait
 until ``go`` exists (the test does something to the cluster meanwhile).
+
+``--share NAME``: dpex's loader reads the stream of that name (``share=``), 2 workers, a
+0.05 s training step a batch (with ``--wait-at 1 --ready MINE --go OTHER``, two such jobs
+meet before going on). ``--torch-mode``: ``distribute_mode=False``.
+
+``--save-at N --state PATH``: after batch N of epoch 0, save the loader's ``state_dict()``
+and the batches so far to PATH and exit; ``--resume --state PATH``: load that state first,
+and compare the batches saved and the ones after them with torch's epochs.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ def epochs(loader, count: int, args) -> tuple[list, list]:
         started, batches = time.monotonic(), []
         for batch in loader:
             batches.append(batch)
+            time.sleep(getattr(args, "step_s", 0.0))  # the training step
             if args.wait_at is not None and epoch == 0 and len(batches) == args.wait_at:
                 open(args.ready, "w").close()
                 while not os.path.exists(args.go):
@@ -66,8 +75,18 @@ def main() -> None:
     parser.add_argument("--ready")
     parser.add_argument("--go")
     parser.add_argument("--cached-runs")
+    parser.add_argument("--save-at", type=int)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--state")
+    parser.add_argument("--share")
+    parser.add_argument("--torch-mode", action="store_true")
     args = parser.parse_args()
     options = dict(batch_size=4, shuffle=True, num_workers=4)
+    mode = dict(distribute_mode=not args.torch_mode)
+    if args.share:
+        options.update(num_workers=2)
+        mode.update(share=args.share)
+        args.step_s = 0.05
     reference = dataset = Noisy()
     if args.cached_runs:
         from cache_datasets import Decoded, warm_torch
@@ -77,17 +96,29 @@ def main() -> None:
     expected, _ = epochs(torch.utils.data.DataLoader(
         reference, generator=torch.Generator().manual_seed(7), **options), args.epochs,
         argparse.Namespace(wait_at=None))
-    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(7),
-                             distribute_mode=True, **options)
+    loader = dpex.DataLoader(dataset, generator=torch.Generator().manual_seed(7), **mode,
+                             **options)
+    if args.save_at is not None:
+        batches = [batch for _, batch in zip(range(args.save_at), loader)]
+        torch.save({"loader": loader.state_dict(), "batches": batches}, args.state)
+        print(json.dumps({"saved": len(batches), "hosts": hosts_of(loader.stats().per_node)}))
+        return
+    before = []
+    if args.resume:
+        saved = torch.load(args.state, weights_only=True)
+        loader.load_state_dict(saved["loader"])
+        before = saved["batches"]
     got, seconds = epochs(loader, args.epochs, args)
+    got[0] = before + got[0]  # the epoch the state was saved in, whole
     equal = [len(e) == len(g) and all(torch.equal(a, b) for x, y in zip(e, g)
                                       for a, b in zip(x, y))
              for e, g in zip(expected, got)]
     stats = loader.stats()
-    print(json.dumps({"equal": equal, "hosts": hosts_of(stats.per_node),
+    print(json.dumps({"equal": equal,
+                      "hosts": hosts_of(stats.per_node) if stats.per_node else [],
                       "per_host": stats.per_host,
                       "seconds": seconds, "worker_restarts": stats.worker_restarts,
-                      "cache": [c.summary() for c in stats.cache]}),
+                      "cache": [c.summary() for c in stats.cache], "share": stats.share}),
           flush=True)
 
 

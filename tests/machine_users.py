@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from clusters.namespace_shell import NamespaceShell
+from clusters.namespace_shell import NamespaceShell, cover
 from conftest import SRC_DIR
 
 ROOT = os.path.dirname(SRC_DIR)
@@ -61,10 +61,16 @@ def _blocked_above(path: str) -> str | None:
         current = os.path.dirname(current)
 
 
+def _needed() -> list[str]:
+    """The interpreter and the checkout: the users' processes run from them."""
+    return [os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+            os.path.realpath(ROOT)]
+
+
 def _view_commands() -> list[str]:
     """Shell lines that open, in the namespace only, the folders above the interpreter and
     the checkout that others cannot enter (see the module doc)."""
-    needed = [os.path.realpath(sys.base_prefix), os.path.realpath(ROOT)]
+    needed = _needed()
     lines = []
     for top in sorted({b for b in map(_blocked_above, needed) if b}):
         hold = f"/run/dpex-hold{top.replace('/', '-')}"
@@ -92,7 +98,7 @@ class SharedMachine:
                 entry = pwd.getpwnam(name)
                 self.users.append(User(name, entry.pw_uid, entry.pw_dir))
             self.shell = NamespaceShell([*_view_commands(),
-                                         "mount -t tmpfs -o mode=1777 tmpfs /tmp",
+                                         *cover("/tmp", "1777", keep=_needed()),
                                          "mount -t tmpfs -o mode=1777 tmpfs /dev/shm"])
         except BaseException:
             self.close()

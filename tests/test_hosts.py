@@ -45,13 +45,13 @@ def bed():
     assert bed.leftovers() == []  # no namespace, link, route or process of the bed's
 
 
-def _train(bed, *args: str) -> int:
-    """``python hosts_train_script.py ARGS`` on host 0, from a plain shell there."""
-    return bed.hosts[0].start(f"cd {TESTS_DIR} && python {SCRIPT} {' '.join(args)}")
+def _train(bed, *args: str, host: int = 0) -> int:
+    """``python hosts_train_script.py ARGS`` on a host (0), from a plain shell there."""
+    return bed.hosts[host].start(f"cd {TESTS_DIR} && python {SCRIPT} {' '.join(args)}")
 
 
-def _result(bed, job: int, timeout_s: float = 300) -> dict:
-    rc, out, err = bed.hosts[0].wait(job, timeout_s)
+def _result(bed, job: int, timeout_s: float = 300, host: int = 0) -> dict:
+    rc, out, err = bed.hosts[host].wait(job, timeout_s)
     assert rc == 0, err[-4000:]
     return json.loads(out.strip().splitlines()[-1])
 
@@ -88,6 +88,31 @@ def _is_python_script(pid: int) -> bool:
         return False
 
 
+def test_distribute_mode_false_on_a_host_without_ray_cpus_is_torchs(bed):
+    """The same script with ``distribute_mode=False``: torch's own workers, on host 0 (no
+    Ray CPUs there, no Ray process used), torch's bits."""
+    out = _result(bed, _train(bed, "--torch-mode"))
+    assert out["equal"] == [True, True] and out["hosts"] == [] and out["per_host"] == {}, out
+
+
+def test_two_trainers_on_two_hosts_share_one_stream_with_torchs_bits(bed):
+    """A sweep's two trials on two hosts (host 0, and host 1 beside its Ray workers), the
+    same data and seed, ``share=`` one name: each batch is made once, by one trainer's
+    workers, and both trainers get torch's bits."""
+    mine, other = (os.path.join(bed.shared, name) for name in ("met0", "met1"))
+    jobs = [(host, _train(bed, "--share", "sweep", "--wait-at", "1", "--ready", a, "--go", b,
+                          host=host))
+            for host, a, b in ((0, mine, other), (1, other, mine))]
+    outs = [_result(bed, job, host=host) for host, job in jobs]
+    for out in outs:
+        assert out["equal"] == [True, True], out
+        assert not out["share"]["stops"] and not out["share"]["differs"], out
+    batches = 2 * 96 // 4  # a trainer's, over its 2 epochs
+    # Made once after the two met (the first epoch's first ones twice, at most).
+    assert sum(o["share"]["computed"] for o in outs) <= batches + 4, outs
+    assert sum(o["share"]["from_stream"] for o in outs) >= batches - 4, outs
+
+
 def test_the_stage_runs_once_per_sample_across_hosts_and_not_in_a_second_job(bed):
     """NOTE [ dpex Cache Across Hosts ]: 192 samples of a cached decode, shuffled, on two
     worker hosts that share no /tmp: each sample's batch lands on either host in each
@@ -103,6 +128,19 @@ def test_the_stage_runs_once_per_sample_across_hosts_and_not_in_a_second_job(bed
         assert len(out["hosts"]) == 2, (job, out)
         computed = runs_in(runs)
         assert sorted(computed) == list(range(192)), (job, len(computed), out["cache"])
+
+
+def test_a_job_saved_on_one_host_resumes_on_another_with_torchs_batches(bed):
+    """A job saves its loader's state at batch 7 on host 0 and ends. It starts again on host
+    1, which joins the cluster by the record its own `ray start` left there ("auto"), and
+    loads the state from the filesystem the hosts share: the saved batches and the rest
+    make torch's epoch, and the next epoch is torch's too."""
+    state = os.path.join(bed.shared, "state.pt")
+    saved = _result(bed, _train(bed, "--save-at", "7", "--state", state))
+    assert saved["saved"] == 7, saved
+    out = _result(bed, _train(bed, "--epochs", "2", "--resume", "--state", state, host=1),
+                  host=1)
+    assert out["equal"] == [True, True], out
 
 
 def _train_until_batch_5(bed) -> tuple[int, pathlib.Path]:

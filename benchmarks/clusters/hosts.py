@@ -53,10 +53,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from clusters.namespace_shell import NamespaceShell
+from clusters.namespace_shell import NamespaceShell, cover
 from clusters.nodes import RAYLET_START_TIMED_OUT
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+# What every host runs from, kept in sight under a host's own /tmp where it lies there (a
+# checkout in /tmp): the project, its virtualenv and the interpreter below it.
+IN_SIGHT = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            sys.prefix, sys.base_prefix)
 RAY_PORT = 6379  # Ray's default: every host has its own network
 
 
@@ -181,7 +185,7 @@ class HostBed:
                          ["link", "set", peer, "up"],
                          ["route", "add", "default", "via", f"{self.prefix}.254"]):
                 _ip("-n", netns, *args)
-            setup = ["mount -t tmpfs -o mode=1777 tmpfs /tmp",
+            setup = [*cover("/tmp", "1777", keep=IN_SIGHT),
                      "mount -t tmpfs -o mode=1777 tmpfs /dev/shm", f"hostname {name}"]
             shell = NamespaceShell(setup, wrap=["ip", "netns", "exec", netns], uts=True,
                                    env=user_env())

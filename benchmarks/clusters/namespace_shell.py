@@ -18,12 +18,34 @@ Used by ``hosts.py`` (hosts of a multi-host test bed) and ``tests/machine_users.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
 
 OUTPUTS = "/tmp/.dpex-test"  # inside the namespace, made after the setup's mounts
+
+
+def cover(top: str, mode: str, keep: Sequence[str] = ()) -> list[str]:
+    """Shell lines for ``setup``: a fresh tmpfs of ``mode`` over the folder ``top``, in the
+    namespace only, with each folder of ``keep`` that lies below ``top`` still in sight
+    where it was (a checkout, a virtualenv or an interpreter under ``/tmp`` must stay
+    there). The old ``top`` is reached through a tmpfs on ``/mnt`` while they are bound
+    back, and ``/mnt`` is as it was after it."""
+    top = os.path.realpath(top)
+    below = sorted({p for p in map(os.path.realpath, keep) if p.startswith(top + "/")})
+    below = [p for p in below if not any(p.startswith(q + "/") for q in below)]
+    fresh = f"mount -t tmpfs -o mode={mode} tmpfs {shlex.quote(top)}"
+    if not below:
+        return [fresh]
+    lines = ["mount -t tmpfs tmpfs /mnt", "mkdir /mnt/held",
+             f"mount --bind {shlex.quote(top)} /mnt/held", fresh]
+    for path in below:
+        lines += [f"mkdir -p {shlex.quote(path)}",
+                  f"mount --bind {shlex.quote('/mnt/held' + path[len(top):])} "
+                  f"{shlex.quote(path)}"]
+    return [*lines, "umount -l /mnt"]
 
 
 class NamespaceShell:

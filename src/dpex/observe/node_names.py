@@ -30,8 +30,8 @@ def host_names(nodes: list[dict[str, Any]]) -> dict[str, str]:
 
 
 class HostNames:
-    """``names(node_id)``: the name of the host node ``node_id`` runs on; the id itself
-    where Ray does not know it. Asks Ray's GCS once per node id the process has not seen.
+    """Called with a node id: the name of the host that node runs on; the id itself where
+    Ray does not know it. Asks Ray's GCS once per node id the process has not seen.
     ``local`` is the id of the trainer's own local processes."""
 
     def __init__(self, local: str) -> None:
