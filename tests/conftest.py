@@ -152,22 +152,15 @@ def _clusters_leave_the_ray_start_record_alone():
 
 
 # The order modules start in. Under xdist (`make test`, `make test-slow`) a free process takes
-# the next module: the longest go first, so that none starts last and runs alone (the slow
-# tier's last 2 minutes had one process idle). By the seconds each took on a quiet day
-# (docs/development.md: How long the suite takes), the larger of its two tiers' parts: a
-# module of one tier does not hold up the other's. test_ray_start.py leads: it holds the
-# `ray start` record exclusively (NOTE above) before anything else holds it, while the other
-# process runs the modules after it, which never look at the record. test_webdataset.py,
-# which replaces the shared local session with a cluster of its own (ray.shutdown() first),
-# runs last, after the modules that use it.
-LONGEST_FIRST = ("test_ray_start.py", "test_cache_load_jobs.py", "test_hosts.py",
-                 "test_local_start.py", "test_elastic_resume.py", "test_bench_elastic.py",
-                 "test_ray_train.py", "test_ending.py", "test_bench.py", "test_cluster.py",
-                 "test_cluster_recovery.py", "test_ray_train_resize.py", "test_share.py",
-                 "test_cache_load.py", "test_store_budget.py", "test_examples.py",
-                 "test_cluster_elastic.py", "test_shared_machine.py", "test_elastic.py",
-                 "test_autoscaler.py", "test_lightning.py", "test_remote_iter.py",
-                 "test_pool.py", "test_cache_ray.py", "test_scale_shared.py")
+# the next module: the longest go first, so that none starts last and runs alone.
+# test_ray_start.py leads: it holds the `ray start` record exclusively (NOTE above) before
+# anything else holds it, while the other process runs the modules after it, which never
+# look at the record. test_webdataset.py, which replaces the shared local session with a
+# cluster of its own (ray.shutdown() first), runs last, after the modules that use it.
+LONGEST_FIRST = ("test_ray_start.py", "test_cluster_recovery.py", "test_cluster_elastic.py",
+                 "test_elastic.py", "test_cluster.py", "test_autoscaler.py",
+                 "test_local_start.py", "test_ending.py", "test_bench_elastic.py",
+                 "test_ray_train.py")
 REPLACE_THE_SESSION = ("test_webdataset.py",)
 
 
