@@ -81,11 +81,16 @@ def test_batches_are_torchs_on_worker_hosts_and_nothing_is_left(bed):
     assert [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)] == []
 
 
-def _is_python_script(pid: int) -> bool:
+def _cmdline(pid: int) -> bytes:
+    """The command line of ``pid``; empty where it has ended."""
     try:
-        return SCRIPT.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+        return open(f"/proc/{pid}/cmdline", "rb").read()
     except OSError:
-        return False
+        return b""
+
+
+def _is_python_script(pid: int) -> bool:
+    return SCRIPT.encode() in _cmdline(pid)
 
 
 def test_distribute_mode_false_on_a_host_without_ray_cpus_is_torchs(bed):
@@ -161,14 +166,7 @@ def _train_until_batch_5(bed) -> tuple[int, pathlib.Path]:
 
 def _worker_processes(host) -> list[int]:
     """The processes of ``host`` that run a dpex worker actor (Ray titles them)."""
-    found = []
-    for pid in host.pids():
-        try:
-            if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"ray::Worker"):
-                found.append(pid)
-        except OSError:
-            pass
-    return found
+    return [pid for pid in host.pids() if _cmdline(pid).startswith(b"ray::Worker")]
 
 
 def _parent(pid: int) -> int:
