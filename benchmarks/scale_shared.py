@@ -354,7 +354,7 @@ def owner_run(args: argparse.Namespace, n: int, run: int) -> dict[str, float]:
         fill_s += time.perf_counter() - started
     fill_cpu = process_cpu_s(pid)[0] - cpu0
     started, cpu0 = time.perf_counter(), process_cpu_s(pid)[0]
-    count, listed, _ = ray.get(owner.updates.remote(0))
+    count, listed, _, _ = ray.get(owner.updates.remote(0))
     list_s, list_cpu = time.perf_counter() - started, process_cpu_s(pid)[0] - cpu0
     assert count == len(listed), (count, len(listed))  # Ray objects: entries, or blocks
     del listed

@@ -217,9 +217,10 @@ def test_an_owner_keeps_its_entries_in_blocks_that_a_worker_maps_and_indexes(ray
                  for i in range(offset, min(n, offset + send_every))]))
             if call % poll_every == poll_every - 1:  # a worker's poll seals a block
                 ray_local.get(owner.updates.remote(0))
-        count, listed, full = ray_local.get(owner.updates.remote(0))
+        count, listed, full, received = ray_local.get(owner.updates.remote(0))
         per_poll = send_every * poll_every
         assert count == len(listed) == math.ceil(n / per_poll) and not full  # not 3000
+        assert received == n  # every entry put counts, kept or not (sent.py)
         assert ray_local.get(owner.describe.remote())["entries"] == n
         tier = MemoryTier(node, namespace, "scale", dpex.Cache(disk_bytes=0))  # refresh()
         assert wait_until(lambda: (tier.poll(), len(tier._index) == n)[1], timeout=60)

@@ -24,6 +24,7 @@ from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 from dpex import compat
 from dpex.cache import Cache
 from dpex.cache.private_folder import checked_folder
+from dpex.cache.sent import SentTally
 from dpex.elastic.move_policy import MovePolicy
 from dpex.epoch import state_format as fmt
 from dpex.epoch.record import EpochRecord
@@ -152,6 +153,7 @@ class DataLoader(TorchDataLoader):
         self._ray_iterator = None
         self._growth = None  # this loader's ask to the cluster's autoscaler (cluster_growth)
         self._move_policy = MovePolicy()  # the rebalancer's evidence and rests, across epochs
+        self._cache_sent = SentTally()  # NOTE [ dpex Cache Sent Counts ], across epochs
         self._torch_persistent_started = False
         # torch before 2.6 has no ``in_order`` and yields in order: take it only where torch
         # does, so that passing it to an older torch fails as torch's own loader would.

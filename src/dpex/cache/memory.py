@@ -46,6 +46,7 @@ from typing import Any
 from dpex.cache import disk, entries
 from dpex.cache.options import Cache, user
 from dpex.cache.owner import block_parts, existing_owner, owner_for, seal
+from dpex.cache.sent import ASK_AGAIN_S, OwnerLag
 from dpex.ray_session import object_store_capacities
 
 _SYNC_S = 0.5  # how often a process reads its node owner's new entries
@@ -63,7 +64,8 @@ class MemoryTier:
     """This process's view of its node owner's entries (owner.py: NOTE [ dpex Cache
     Owner ]): an index of its blocks, read in the background, and entries to send."""
 
-    def __init__(self, node: str, name: str, label: str, options: Cache) -> None:
+    def __init__(self, node: str, name: str, label: str, options: Cache,
+                 expected: int | None = None) -> None:
         self._name, self._label, self._node = name, label, node
         self._ttl_s = options.ttl_s
         self.limit = int(object_store_capacities().get(node, 0) * options.memory_share)
@@ -89,7 +91,9 @@ class MemoryTier:
         self._asked: Any = None
         self._index_due: float | None = None  # until when a lookup waits for the index
         self._asked_at = self._sent_at = time.monotonic()
-        self.refresh()
+        self._received: int | None = None  # entries the owner had received, as it last said
+        self._lag = OwnerLag(None)
+        self.refresh(expected)
 
     def get(self, key: str) -> Any:
         import ray
@@ -115,15 +119,20 @@ class MemoryTier:
         return entries.from_parts(block_parts(block, position))
 
     def _await_index(self, key: str) -> int | None:
-        """Wait for the answer ``refresh`` asked for, until ``_index_due``; where ``key``
-        is then (NOTE [ dpex Cache Sends ])."""
+        """Wait for the answer ``refresh`` asked for, until ``_index_due``, and ask again
+        while the owner has received less than the trainer knows it was sent (NOTE
+        [ dpex Cache Sent Counts ]); where ``key`` is then (NOTE [ dpex Cache Sends ])."""
         import ray
 
         due, self._index_due = self._index_due, None
-        if self._asked is not None and ray.wait(
+        while self._asked is not None and ray.wait(
                 [self._asked], timeout=max(0.0, due - time.monotonic()))[0]:
             self._asked_at = 0.0  # answered: poll takes it now
             self.poll()
+            if key in self._index or not self._lag.behind(self._received, time.monotonic()):
+                break
+            time.sleep(ASK_AGAIN_S)
+            self._ask()
         return self._index.get(key)
 
     def unmap(self) -> None:
@@ -248,7 +257,7 @@ class MemoryTier:
             return
         self._index_due = None
         try:
-            count, new, full = ray.get(self._asked)
+            count, new, full, *received = ray.get(self._asked)
         except RayActorError:  # removed (dpex cache rm) or expired: no memory tier now
             self._index, self._refs, self._mapped, self.full, self._asked = {}, {}, {}, True, None
             self._removed = True
@@ -256,14 +265,18 @@ class MemoryTier:
         for offset, box in enumerate(new):
             self._refs[self._seen + offset] = box[0]
         self._seen = count
+        self._received = received[0] if received else None  # an owner that does not count
         self.full = self.full or full
         self._asked = None
         self._map()
 
-    def refresh(self) -> None:
+    def refresh(self, expected: int | None = None) -> None:
         """Ask for the owner's latest entries: the epoch's lookups of keys not indexed yet
         wait for the answer (``_FIRST_SYNC_S`` at most), so that they do not recompute what
-        is there; not where no owner ran (nothing is there: one is started)."""
+        is there; not where no owner ran (nothing is there: one is started). ``expected``:
+        the entries the trainer knows were sent to the owner (NOTE [ dpex Cache Sent
+        Counts ])."""
+        self._lag, self._received = OwnerLag(expected), None
         if self._owner is None:
             self._owner = existing_owner(user(), self._name, self._node)
             if self._owner is None:

@@ -73,6 +73,7 @@ class CacheOwner:
         self._block_bytes: list[int] = []  # and its size
         self._pending: list[tuple[str, Any]] = []  # admitted, not sealed yet: (key, parts)
         self._pending_bytes = 0
+        self._received = 0  # entries put, kept or not: NOTE [ dpex Cache Sent Counts ]
         self._created = self._last_use = time.time()
         threading.Thread(target=self._expire, daemon=True, name="dpex-cache-ttl").start()
 
@@ -80,6 +81,7 @@ class CacheOwner:
         """Admit entries: each once, the first of two for one key, unless the later one
         replaces a stale entry (a file it read changed: reads.py)."""
         self._last_use = time.time()
+        self._received += len(items)
         for key, stored, nbytes, replace in items:
             if (key not in self._keys or replace) and self._budget.admit(nbytes):
                 self._keys.add(key)
@@ -88,23 +90,25 @@ class CacheOwner:
                 if len(self._pending) >= BLOCK_ENTRIES or self._pending_bytes >= BLOCK_BYTES:
                     self._seal()
 
-    def updates(self, since: int) -> tuple[int, list[list[Any]], bool]:
+    def updates(self, since: int) -> tuple[int, list[list[Any]], bool, int]:
         """The blocks after the first ``since`` (the entries admitted so far sealed into
-        one first): (blocks now, [[reference]], whether the budget is full). A reference
-        travels in a list, so Ray passes it as is."""
+        one first): (blocks now, [[reference]], whether the budget is full, entries
+        received). A reference travels in a list, so Ray passes it as is."""
         self._last_use = time.time()
         self._seal()
-        return len(self._blocks), [[ref] for ref in self._blocks[since:]], self._budget.full
+        return (len(self._blocks), [[ref] for ref in self._blocks[since:]], self._budget.full,
+                self._received)
 
-    def keys(self, since: int) -> tuple[int, list[tuple[list[Any], list[str], int]]]:
+    def keys(self, since: int) -> tuple[int, list[tuple[list[Any], list[str], int]], int]:
         """For a process on another node (peers.py: NOTE [ dpex Cache Across Hosts ]): the
         blocks after the first ``since`` as ([reference], their keys, their size), without
-        their bytes."""
+        their bytes; and the entries received."""
         self._last_use = time.time()
         self._seal()
         return len(self._blocks), [
             ([ref], keys, size) for ref, keys, size in
-            zip(self._blocks[since:], self._block_keys[since:], self._block_bytes[since:])]
+            zip(self._blocks[since:], self._block_keys[since:], self._block_bytes[since:])
+        ], self._received
 
     def _seal(self) -> None:
         import ray
@@ -123,6 +127,7 @@ class CacheOwner:
         return {"namespace": self._namespace, "stage": self._stage,
                 "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "entries": len(self._keys), "blocks": len(self._blocks),
+                "received": self._received,
                 "bytes": self._budget.used,
                 "limit": self._budget.limit, "full": self._budget.full,
                 "created": self._created, "last_use": self._last_use, "ttl_s": self._ttl_s}

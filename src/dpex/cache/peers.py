@@ -12,14 +12,17 @@ the other nodes (``PeerTier``), after its own node's tiers:
 * At an epoch's start (``refresh``) it lists the namespace's owners (Ray's named actors
   ``<user>/<namespace>/<node id>/blocks``) and asks each other one for the keys of the
   blocks it has not listed yet (``CacheOwner.keys``): keys and the blocks' references,
-  not their bytes. The answers come in the background; a lookup that misses this node's
-  tiers while they are on their way waits for them, at most ``_FIRST_SYNC_S`` from the
-  ask, once an epoch (as memory.py waits for its own owner's index). An owner that was
-  still starting as it answered had not yet received the entries sent to it meanwhile
-  (NOTE [ dpex Cache Sends ]), so a key no node listed asks again, and waits a round trip
-  for the answers (``_ANSWER_WAIT_S`` at most): the first such key after the epoch's
-  start, then after twice as many such keys each time the answers listed nothing new (up
-  to 256), after 8 when they did. Asked every 0.5 s instead, a process computed a hundred
+  not their bytes; afresh, where a question of the last epoch is still unread (its answer
+  lists what the owner had then). The answers come in the background; a lookup that
+  misses this node's tiers while they are on their way waits for them, at most
+  ``_FIRST_SYNC_S`` from the ask, once an epoch (as memory.py waits for its own owner's
+  index), and on while an owner has received less than the trainer counted it was sent
+  (NOTE [ dpex Cache Sent Counts ]). An owner can receive entries later still (another
+  trainer's, with ``share=``; an owner that was starting, NOTE [ dpex Cache Sends ]), so
+  a key no node listed asks again, and waits a round trip for the answers
+  (``_ANSWER_WAIT_S`` at most): the first such key after the epoch's start, then after
+  twice as many such keys each time the answers listed nothing new (up to 256), after 8
+  when they did. Asked every 0.5 s instead, a process computed a hundred
   samples between two questions (3 ms decodes): 1.08-1.25 stage calls per sample.
 * A lookup whose key another node holds reads that node's blocks through Ray's object
   store: the one it needs, and the others of that node that this process has not read,
@@ -51,6 +54,7 @@ from dpex.cache import disk, entries
 from dpex.cache.options import user
 from dpex.cache.owner import RAY_NAMESPACE, block_parts, owner_node
 from dpex.cache.policy import CostModel, pull_pays
+from dpex.cache.sent import ASK_AGAIN_S, OwnerLag
 
 _FIRST_SYNC_S = 10.0  # the longest a lookup waits for the other owners' keys, from the ask
 # After how many keys none listed to ask again: the first after an epoch's start, then
@@ -70,6 +74,7 @@ class _Peer:
         self.refs: dict[int, Any] = {}  # block number -> its reference
         self.sizes: dict[int, tuple[int, int]] = {}  # block number -> (bytes, entries)
         self.asked: Any = None
+        self.received: int | None = None  # entries it had received, as it last said
 
 
 class PeerTier:
@@ -77,7 +82,8 @@ class PeerTier:
 
     full = True  # it keeps nothing of its own: what it reads goes to this node's owner
 
-    def __init__(self, node: str, name: str, cost: CostModel, limit: int) -> None:
+    def __init__(self, node: str, name: str, cost: CostModel, limit: int,
+                 expected: dict[str, int] | None = None) -> None:
         self._node, self._name = node, name
         self._cost = cost  # the stage's measurements in this process (runtime.Space's)
         self._limit = limit  # bytes of other nodes' blocks read in place at most
@@ -89,14 +95,19 @@ class PeerTier:
         self._unlisted = 0  # keys none listed since the last question
         self._ask_after = _ASK_AFTER[0]
         self._read_s: list[float] = []  # seconds per entry read from another node
-        self.refresh()
+        self._expected: dict[str, int] = {}  # node -> entries sent to its owner (sent.py)
+        self.refresh(expected)
 
     # ------------------------------------------------------------------ the index
 
-    def refresh(self) -> None:
+    def refresh(self, expected: dict[str, int] | None = None) -> None:
         """At an epoch's start: find the namespace's owners on other nodes, and ask each
-        for the keys it has that this process has not listed."""
+        for the keys it has that this process has not listed. ``expected``: the entries
+        the trainer knows were sent to each node's owner (NOTE [ dpex Cache Sent
+        Counts ])."""
         import ray
+
+        self._expected = dict(expected or {})
 
         for actor in ray.util.list_named_actors(all_namespaces=True):
             name = actor["name"]
@@ -108,16 +119,20 @@ class PeerTier:
                 self._peers[node] = _Peer(ray.get_actor(name, namespace=RAY_NAMESPACE))
             except ValueError:  # gone since it was listed
                 continue
-        self._ask()
+        self._ask(afresh=True)
         self._index_due = time.monotonic() + _FIRST_SYNC_S if self._peers else None
         self._unlisted, self._ask_after = 0, _ASK_AFTER[0]
 
-    def _ask(self) -> list[Any]:
-        """Ask the owners that have no question on its way; the questions sent."""
+    def _ask(self, afresh: bool = False) -> list[Any]:
+        """Ask the owners that have no question on its way (``afresh``: every owner, in
+        place of a question asked before the last epoch's end, whose answer lists only
+        what that owner had then); the questions sent."""
         sent = []
         for peer in self._peers.values():
-            if peer.asked is None:
+            if peer.asked is None or afresh:
                 peer.asked = peer.handle.keys.remote(peer.seen)
+                if afresh:  # what it said last epoch is no news of this one
+                    peer.received = None
                 sent.append(peer.asked)
         return sent
 
@@ -136,10 +151,11 @@ class PeerTier:
             peer = self._peers[node]
             peer.asked = None
             try:
-                count, blocks = ray.get(ref)
+                count, blocks, *received = ray.get(ref)
             except (RayError, AttributeError):  # gone, or an owner without ``keys``
                 self._drop(node)
                 continue
+            peer.received = received[0] if received else None  # one that does not count
             for offset, (box, keys, size) in enumerate(blocks):
                 number = peer.seen + offset
                 peer.refs[number], peer.sizes[number] = box[0], (size, len(keys))
@@ -159,7 +175,7 @@ class PeerTier:
             return where
         if self._index_due is not None:
             due, self._index_due = self._index_due, None
-            self.poll(max(0.0, due - time.monotonic()))
+            self._catch_up(key, due)
             where = self._index.get(key)
             if where is not None:
                 return where
@@ -177,6 +193,29 @@ class PeerTier:
         else:
             self.poll()
         return self._index.get(key)
+
+    def _catch_up(self, key: str, due: float) -> None:
+        """The epoch's first wait: for the answers asked at its start, then on, asking
+        again, while an owner that answered has received less than the trainer knows it
+        was sent (NOTE [ dpex Cache Sent Counts ]); until ``key`` is listed, or ``due``."""
+        import ray
+
+        lags = {node: OwnerLag(self._expected.get(node)) for node in self._peers}
+        self.poll(max(0.0, due - time.monotonic()))
+        while key not in self._index and time.monotonic() < due:
+            now = time.monotonic()
+            behind = [peer for node, peer in self._peers.items()
+                      if node in lags and lags[node].behind(peer.received, now)]
+            if not behind:
+                return
+            time.sleep(ASK_AGAIN_S)
+            sent = []
+            for peer in behind:
+                if peer.asked is None:
+                    peer.asked = peer.handle.keys.remote(peer.seen)
+                sent.append(peer.asked)
+            ray.wait(sent, num_returns=len(sent), timeout=max(0.0, due - time.monotonic()))
+            self.poll()
 
     def _drop(self, node: str) -> None:
         """Forget a node's owner and every entry it listed (it or its node went)."""

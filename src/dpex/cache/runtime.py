@@ -95,14 +95,14 @@ def settle(timeout_s: float) -> None:
         _ACTIVE.settle(timeout_s)
 
 
-def refresh() -> None:
+def refresh(sent: dict[str, dict[str, int]] | None = None) -> None:
     """At an epoch's start: read the owners' latest entries (a short wait), so that this
-    epoch's first lookups find what the last one stored."""
+    epoch's first lookups find what the last one stored. ``sent``: the entries the trainer
+    knows each namespace's owners were sent, by node (NOTE [ dpex Cache Sent Counts ])."""
     if _ACTIVE is not None:
-        for space in _ACTIVE._spaces.values():
-            for tier in (space.memory, space.peers):
-                if tier is not None:
-                    tier.refresh()
+        _ACTIVE.sent = sent or {}
+        for name, space in _ACTIVE._spaces.items():
+            space.refresh(_ACTIVE.sent.get(name, {}))
 
 
 class CacheRuntime:
@@ -111,6 +111,7 @@ class CacheRuntime:
         self._spaces: dict[str, Space] = {}
         self._namespaces: dict[tuple[int, int], tuple[Any, str]] = {}
         self._node_id: str | None = None
+        self.sent: dict[str, dict[str, int]] = {}  # as the epoch's start said (refresh)
 
     def call(self, stage: Any, owner: Any, args: tuple, kwargs: dict) -> Any:
         space = self._space(stage, owner)
@@ -199,13 +200,21 @@ class Space:
         self.unseen = False  # the last computation read what reads.py cannot see
         self._stale: set[str] = set()  # keys whose entry a changed file made stale
         self.cost = CostModel()
-        self.memory = (MemoryTier(runtime.node_id(), name, label, options)
+        self._node = runtime.node_id() if runtime.use_ray else None
+        sent = runtime.sent.get(name, {})
+        self.memory = (MemoryTier(self._node, name, label, options, sent.get(self._node))
                        if runtime.use_ray and options.memory_share > 0 else None)
         # The other nodes' owners (NOTE [ dpex Cache Across Hosts ]): where this one is.
-        self.peers = (PeerTier(runtime.node_id(), name, self.cost, self.memory.limit)
+        self.peers = (PeerTier(self._node, name, self.cost, self.memory.limit, sent)
                       if self.memory is not None else None)
         # The folder is checked, and expired, as a process opens its first tier in it.
         self.disk = disk.open_tier(options, name, label) if options.disk_bytes > 0 else None
+
+    def refresh(self, sent: dict[str, int]) -> None:
+        """An epoch's start: ``sent``, the entries sent to this namespace's owners by node."""
+        if self.memory is not None:
+            self.memory.refresh(sent.get(self._node))
+            self.peers.refresh(sent)
 
     def decision(self) -> str:
         if self.unseen:

@@ -237,6 +237,7 @@ class Receive:
                 self._stats.worker_cpu_s += result.cpu_s
                 if result.cache:
                     self._stats.record_cache(result.cache)
+                    self._cache_sent.add(slot.node_id, result.cache)
             if self._is_iterable:
                 slot.replay_log.append(index)
             if result.kind == END:

@@ -123,6 +123,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
         self._persistent_workers = loader.persistent_workers
         self._options: WorkerOptions = loader.worker_options
         self._stats = loader._stats
+        self._cache_sent = loader._cache_sent
         self._stats.host_of = HostNames(local=LOCAL_NODE)  # per_host (a copy came without)
         self._spilled_ask = None  # Ray's spilled bytes, asked at an epoch's end (receive.py)
         self._loader_metrics = loader._metrics
@@ -199,7 +200,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
             self._begin_slot(slot)
             if resume is not None and resume.status == fmt.ENDED and slot.position.seekable:
                 # The saved epoch ended: its replicas ran to their end (position.finish_epoch).
-                slot.barrier = slot.actor.reset_epoch.remote(slot.worker_id, slot.position)
+                self._reset_epoch(slot, finish=slot.position)
         live_iterators.add(self)
         self._drop = resume.fast_forward if resume is not None else 0
         self._reset(loader, first_iter=True, start=start,
@@ -294,7 +295,7 @@ class _RayDataLoaderIter(ProcessLifecycle, Dispatch, Receive, LocalStart, Sharin
             if not first_iter:
                 # torch's _ResumeIteration: each replica restarts its iterator. The actor runs
                 # this before the tasks submitted below (actor calls run in order).
-                slot.barrier = slot.actor.reset_epoch.remote(slot.worker_id)
+                self._reset_epoch(slot)
         self._fill()
 
     def _drain(self) -> None:

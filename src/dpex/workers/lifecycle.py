@@ -15,6 +15,7 @@ import weakref
 import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError, RayError
 
+from dpex.epoch.position import WorkerPosition
 from dpex.ray_session import session_handles
 from dpex.workers import user_code
 from dpex.workers.give_back import worth_keeping
@@ -70,8 +71,11 @@ class ProcessLifecycle:
         else:
             resume = (slot.position, [])
         # A fresh replica: Ray deserialises the epoch's dataset object anew for this call.
+        # What the cache's owners were sent goes to Ray processes (NOTE [ dpex Cache Sent
+        # Counts ]); a local process has no owner.
+        sent = () if isinstance(slot.actor, LocalActor) else (self._cache_sent.snapshot(),)
         slot.ready_ref = slot.actor.begin.remote(
-            self._dataset_ref, self._config, slot.worker_id, *resume, self._niceness)
+            self._dataset_ref, self._config, slot.worker_id, *resume, self._niceness, *sent)
         slot.start_deadline = time.monotonic() + self._options.start_timeout_s
         # It stands at its position now; a shared stream's fetches for it wait for this,
         # and only those of its new generation run (NOTE [ dpex Shared Stream ]).
@@ -80,6 +84,12 @@ class ProcessLifecycle:
         if self._share_on and not isinstance(slot.actor, LocalActor):
             slot.generation += 1
             slot.barrier = slot.actor.fence.remote(slot.worker_id, slot.generation)
+
+    def _reset_epoch(self, slot: WorkerSlot, finish: WorkerPosition | None = None) -> None:
+        """``slot``'s replica starts a new epoch (``Worker.reset_epoch``); its next calls
+        run after this one."""
+        slot.barrier = slot.actor.reset_epoch.remote(slot.worker_id, finish,
+                                                     self._cache_sent.snapshot())
 
     def _on_started(self, starting: WorkerSlot | ProcessHandle) -> None:
         ref, starting.ready_ref = starting.ready_ref, None

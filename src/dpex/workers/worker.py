@@ -39,6 +39,7 @@ from dpex.epoch.position import (
 )
 from dpex.epoch.seeding import RngState, seed_worker
 from dpex.workers import allocator, transport, user_code
+from dpex.workers.dataset_method import DatasetMethod
 from dpex.workers.errors import RemoteError
 from dpex.workers.fetcher import make_fetcher
 from dpex.workers.niceness import set_every_thread
@@ -60,26 +61,6 @@ class WorkerConfig:
     drop_last: bool
     worker_init_fn: Callable[[int], None] | DatasetMethod | None
     cache: Any = None  # a dpex.Cache for the dataset's dpex.cached stages, or None
-
-
-@dataclass(frozen=True)
-class DatasetMethod:
-    """A ``worker_init_fn`` that is a method of the loader's own dataset.
-
-    torch's worker gets the dataset and the function in one pickle (or one fork), so the
-    method runs on that worker's replica. dpex ships the dataset (once, to the object store)
-    apart from the config: the config names the method, and each worker calls it on its
-    own replica, as torch's does.
-    """
-
-    name: str
-
-    @classmethod
-    def of(cls, fn: Callable[[int], None] | None, dataset: Any) -> Any:
-        """``fn``, or its name when it is a method bound to ``dataset``."""
-        if getattr(fn, "__self__", None) is dataset and hasattr(fn, "__func__"):
-            return cls(fn.__func__.__name__)
-        return fn
 
 
 @dataclass
@@ -167,16 +148,18 @@ class Worker:
         resume: WorkerPosition | None = None,
         replay: list[Any] | None = None,
         niceness: int | None = None,
+        cache_sent: dict[str, dict[str, int]] | None = None,
     ) -> tuple[str, int, bool]:
         """Host a fresh logical worker ``worker_id``; answer ``ready()`` and whether the
         requested ``niceness`` could not be set (lowering it needs privileges).
+        ``cache_sent``: what the cache's owners were sent (NOTE [ dpex Cache Sent Counts ]).
 
         A reused process gets a new replica here: Ray deserialises ``dataset`` afresh from
         the epoch's object on every call, so nothing of an earlier replica carries over.
         """
         if niceness is not None:
             self._set_niceness(niceness)
-        self._begin(dataset, config, worker_id, resume, replay)
+        self._begin(dataset, config, worker_id, resume, replay, cache_sent)
         return (*self.ready(), self.niceness_denied)
 
     def _begin(
@@ -186,6 +169,7 @@ class Worker:
         worker_id: int,
         resume: WorkerPosition | None,
         replay: list[Any] | None,
+        cache_sent: dict[str, dict[str, int]] | None = None,
     ) -> None:
         """Args:
         dataset: this worker's replica. config: the loader's settings. worker_id: 0..N-1.
@@ -204,7 +188,7 @@ class Worker:
             # The batch in ordinary memory, not in a new shared-memory segment as in torch's
             # workers: it goes on to Ray's store, or is copied to a slot the pipe reuses.
             self.collate_fn = transport.private_memory_collate(config.collate_fn)
-        cache_runtime.refresh()
+        cache_runtime.refresh(cache_sent)
         self._park_current()
         seed = seed_worker(config.base_seed, worker_id)
         replica = _Replica(worker_id, dataset, config, seed)
@@ -280,13 +264,15 @@ class Worker:
         return spilled_bytes()
 
     def reset_epoch(self, worker_id: int | None = None,
-                    finish: WorkerPosition | None = None) -> None:
+                    finish: WorkerPosition | None = None,
+                    cache_sent: dict[str, dict[str, int]] | None = None) -> None:
         """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept.
         ``worker_id``: that logical worker; None: every one this process hosts.
         ``finish``: the replica was restored to this position of an epoch that ended: first
-        bring it to that epoch's end (``position.finish_epoch``)."""
+        bring it to that epoch's end (``position.finish_epoch``). ``cache_sent``: as in
+        ``begin``."""
         ids = list(self._replicas) if worker_id is None else [worker_id]
-        cache_runtime.refresh()
+        cache_runtime.refresh(cache_sent)
         for replica in (self._replicas.get(i) for i in ids):
             if replica is not None and replica.init_error is None:
                 self._activate(replica)  # a fresh iterator may draw from the worker's RNG

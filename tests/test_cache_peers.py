@@ -1,0 +1,147 @@
+"""The cache's reads of its node owner and of other nodes' owners at an epoch's start
+(memory.py, peers.py, sent.py: NOTE [ dpex Cache Sent Counts ]), against real owner actors:
+what the trainer knows an owner was sent is waited for, though it reaches the owner after
+the epoch's first question; an owner that will never have it is not waited for long.
+
+An owner named for another node stands for that node's here: the peer tier finds owners by
+name. The bed (tests/test_hosts.py) runs the same over hosts that share no /tmp."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from dpex.cache import disk, entries
+from dpex.cache.options import Cache, user
+from dpex.cache.owner import RAY_NAMESPACE, CacheOwner, owner_name
+from dpex.cache.memory import MemoryTier
+from dpex.cache.peers import PeerTier
+from dpex.cache.policy import CostModel
+from dpex.cache.sent import STILL_S, OwnerLag, SentTally
+
+NAMESPACE = "test-cache-peers"
+OTHER = "f" * 56  # a node id no node has
+
+
+# ---------------------------------------------------------------- pure: the tally, the lag
+
+def test_the_tally_sums_what_each_node_was_sent_by_namespace():
+    tally = SentTally()
+    assert tally.snapshot() is None
+    tally.add("a", {"ns": {"memory_admitted": 3, "misses": 5}})
+    tally.add("a", {"ns": {"memory_admitted": 2}, "other": {"misses": 1}})
+    tally.add("b", {"ns": {"memory_admitted": 1}})
+    tally.add(None, {"ns": {"memory_admitted": 9}})  # no node: not a Ray process's
+    tally.add("b", None)
+    snapshot = tally.snapshot()
+    assert snapshot == {"ns": {"a": 5, "b": 1}}
+    snapshot["ns"]["a"] = 0  # a copy: a worker's is its own
+    assert tally.snapshot() == {"ns": {"a": 5, "b": 1}}
+
+
+def test_an_owner_is_waited_for_while_it_is_behind_and_its_count_grows():
+    lag = OwnerLag(expected=10)
+    assert lag.behind(received=4, now=0.0)
+    assert lag.behind(received=7, now=0.8)
+    assert lag.behind(received=7, now=0.8 + STILL_S - 0.1)
+    assert not lag.behind(received=7, now=0.8 + STILL_S + 0.1)  # still: none will come
+    assert not OwnerLag(expected=10).behind(received=10, now=0.0)
+    assert not OwnerLag(expected=10).behind(received=None, now=0.0)  # does not count
+    assert not OwnerLag(expected=None).behind(received=0, now=0.0)  # nothing sent
+
+
+# ---------------------------------------------------------------- real owners
+
+@pytest.fixture
+def owners(ray_local):
+    """Owners made here, killed after the test."""
+    made = []
+
+    def make(node: str):
+        handle = ray_local.remote(CacheOwner).options(
+            name=owner_name(user(), NAMESPACE, node), namespace=RAY_NAMESPACE,
+            num_cpus=0).remote(NAMESPACE, "test", 2**26, 600.0)
+        made.append(handle)
+        return handle
+
+    yield make
+    for handle in made:
+        ray_local.kill(handle)
+
+
+def _entry(i: int) -> entries.Entry:
+    return entries.Entry(entries.pack(torch.full((4,), float(i))), ())
+
+
+def _put(owner, keys) -> None:
+    import ray
+
+    ray.get(owner.put.remote([(f"k{i}", entries.to_parts(_entry(i)), 16, False)
+                              for i in keys]))
+
+
+def _later(seconds: float, fn, *args) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), fn(*args)), daemon=True)
+    thread.start()
+    return thread
+
+
+def _value(stored) -> torch.Tensor:
+    assert not disk.is_miss(stored), "a miss: the sample would be computed again"
+    return entries.unpack(stored)
+
+
+def test_another_nodes_entry_is_read_and_a_key_none_holds_is_a_miss(ray_local, owners):
+    owner = owners(OTHER)
+    _put(owner, range(10))
+    peers = PeerTier(ray_local.get_runtime_context().get_node_id(), NAMESPACE, CostModel(),
+                     2**26)
+    assert torch.equal(_value(peers.get("k3")), torch.full((4,), 3.0))
+    assert disk.is_miss(peers.get("nowhere"))
+
+
+def test_entries_sent_before_the_epoch_but_received_after_its_first_answer_are_found(
+        ray_local, owners):
+    """The trainer knows 10 entries were sent to the other node's owner; 8 of them reach it
+    after the epoch's first question was answered (as a put waiting in a worker while that
+    owner started does). The lookup waits for them instead of computing the sample."""
+    owner = owners(OTHER)
+    _put(owner, range(2))
+    here = ray_local.get_runtime_context().get_node_id()
+    peers = PeerTier(here, NAMESPACE, CostModel(), 2**26, expected={OTHER: 10})
+    late = _later(0.3, _put, owner, range(2, 10))
+    started = time.monotonic()
+    assert torch.equal(_value(peers.get("k9")), torch.full((4,), 9.0))
+    assert time.monotonic() - started < 5
+    late.join()
+    # The next epoch: nothing more was sent, so a key none holds is not waited for.
+    peers.refresh({OTHER: 10})
+    started = time.monotonic()
+    assert disk.is_miss(peers.get("nowhere"))
+    assert time.monotonic() - started < 2
+
+
+def test_an_owner_that_will_never_have_what_was_sent_is_waited_for_a_second(ray_local, owners):
+    """The sender died with its sends, or the owner was replaced: its count stands still."""
+    owner = owners(OTHER)
+    _put(owner, range(2))
+    here = ray_local.get_runtime_context().get_node_id()
+    peers = PeerTier(here, NAMESPACE, CostModel(), 2**26, expected={OTHER: 10})
+    started = time.monotonic()
+    assert disk.is_miss(peers.get("k9"))
+    assert time.monotonic() - started < STILL_S + 2
+
+
+def test_the_nodes_own_owner_is_waited_for_too(ray_local, owners):
+    """The same wait for this node's owner: another process of this node sent the entries
+    the trainer counted, and they reach the owner after its first answer."""
+    here = ray_local.get_runtime_context().get_node_id()
+    owner = owners(here)
+    _put(owner, range(2))
+    memory = MemoryTier(here, NAMESPACE, "test", Cache(), expected=10)
+    late = _later(0.3, _put, owner, range(2, 10))
+    assert torch.equal(_value(memory.get("k9")), torch.full((4,), 9.0))
+    late.join()
