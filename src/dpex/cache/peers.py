@@ -205,7 +205,7 @@ class PeerTier:
         while key not in self._index and time.monotonic() < due:
             now = time.monotonic()
             behind = [peer for node, peer in self._peers.items()
-                      if node in lags and lags[node].behind(peer.received, now)]
+                      if lags[node].behind(peer.received, now)]
             if not behind:
                 return
             time.sleep(ASK_AGAIN_S)
