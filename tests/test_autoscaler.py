@@ -183,6 +183,7 @@ def test_two_ddp_ranks_make_one_request(head, tmp_path):
     assert wait_until(lambda: asked_bundles() == [], 30)
 
 
+@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 @pytest.mark.parametrize("end", ["exit", "sigkill"])
 def test_a_script_that_grew_the_cluster_leaves_no_actor_and_no_ask(head, end):
     """A training script that joined the autoscaling cluster and asked it for nodes, ended

@@ -220,6 +220,7 @@ def test_notebook_life_the_embedded_ray_then_a_cluster():
     assert out[0] == {"epoch1": True, "fresh": True, "epoch2": True, "dead": [], "restarts": 0}
 
 
+@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 def test_after_a_local_ray_a_cluster_without_authentication_keeps_the_loaders_workers():
     """Ray turns token authentication on in a process that starts a local Ray, and leaves it
     on after ``ray.shutdown()``: a driver still in that mode refuses the calls of a cluster

@@ -128,6 +128,7 @@ def rebalancer_moves(events) -> list[tuple[float, int]]:
     return moves
 
 
+@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 def test_short_epochs_without_persistent_workers_move_no_worker_twice_a_minute(cluster):
     """Five epochs of about 5 s, each a new iterator that starts from the default layout
     (workers w mod 4 on the 4 processes, two on the slow node). Evidence adds up across

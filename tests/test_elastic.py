@@ -184,6 +184,7 @@ class SlowWorkerOnProcess(AugmentedDataset):
         return super().__getitem__(i)
 
 
+@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 def test_a_move_that_lowered_the_throughput_is_undone_and_the_next_backs_off(tmp_path):
     marker = tmp_path / "slow_pid"
     dataset = SlowWorkerOnProcess(1200, delay_s=0.02, slow_s=0.15, marker=str(marker))

@@ -115,6 +115,7 @@ def test_a_stream_whose_workers_cannot_move_stays_local_and_starts_no_ray():
     assert out["nodes"] == ["local"] and not out["helper"] and not out["ray_initialized"], out
 
 
+@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 @pytest.mark.parametrize("mode", ["handover", "kill"])
 def test_local_start_hands_over_to_ray_with_torchs_batches(mode):
     out = run_script(mode)

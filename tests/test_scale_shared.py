@@ -246,6 +246,7 @@ def _load_bench():
     return module
 
 
+@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 @pytest.mark.ray
 def test_the_scale_benchmark_runs_at_a_tiny_size(ray_local, tmp_path, capsys):
     out = tmp_path / "scale.md"

@@ -273,6 +273,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 def test_a_new_ray_session_takes_nothing_of_the_last_ones_stream(tmp_path):
     # Its hub and references stay in the session that made them (NOTE [ dpex Handles Stay
     # in Their Ray Session ]); the loaders go on, with torch's bits, in the new one.
