@@ -1,7 +1,8 @@
 """Shared fixtures. Kinds of test: pure (no fixture), ``ray_local`` (one local Ray, small
 object store, shared by the modules that need it), ``cluster`` (tests/test_cluster_*.py start
 their own simulated multi-node cluster and shut the local one down first), and ``slow``:
-whole programs run end to end (and the two-node object-store test), which ``make test-slow`` runs and ``make test`` leaves out."""
+whole programs run end to end, the two-node object-store test and the
+longest single tests (25-45 s each), which ``make test-slow`` runs and ``make test`` leaves out."""
 
 from __future__ import annotations
 
