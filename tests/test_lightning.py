@@ -5,6 +5,7 @@ both ranks load on one shared Ray, and the batches are bitwise those of torch's 
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 
@@ -71,3 +72,50 @@ def test_data_stall_callback_logs_each_epochs_stall_and_rate(run):
         assert 0 <= stall <= wait <= 1, row
         assert float(row[prefix + "batches_per_s"]) > 0
         assert float(row[prefix + "processes"]) >= 1
+
+
+# A LightningModule's own train_dataloader() that names dpex.DataLoader for the first time
+# in the script: Lightning patches the DataLoader classes that exist as it calls the hook,
+# to save their arguments for the rebuild that injects its DistributedSampler.
+FIRST_NAMED_IN_THE_HOOK = """
+import json
+import lightning as L
+import torch
+import dpex
+
+OPTIONS = dpex.WorkerOptions(start_timeout_s=90)
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(1, 1)
+    def training_step(self, batch, batch_idx):
+        return self.net(batch.float()).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+    def train_dataloader(self):
+        return dpex.DataLoader(torch.arange(8).view(8, 1), batch_size=2, shuffle=True,
+                               distribute_mode=True, worker_options=OPTIONS)
+
+trainer = L.Trainer(strategy="ddp", devices=1, accelerator="cpu", max_epochs=1, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False)
+trainer.fit(Model())
+dl = trainer.train_dataloader
+print(json.dumps({"sampler": type(dl.sampler).__name__, "distribute_mode": dl.distribute_mode,
+                  "options_kept": dl.worker_options == OPTIONS}))
+"""
+
+
+def test_a_loader_first_named_in_the_modules_hook_keeps_its_options(tmp_path):
+    """``import dpex``, then ``dpex.DataLoader`` first in the module's hook, in a fresh
+    interpreter: the loader Lightning rebuilds keeps ``distribute_mode`` and the worker
+    options, not torch's arguments alone (NOTE [ dpex Import Is Light ])."""
+    script = tmp_path / "train.py"
+    script.write_text(FIRST_NAMED_IN_THE_HOOK)
+    proc = subprocess.run([sys.executable, str(script)], env=hermetic_env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"sampler": "DistributedSampler", "distribute_mode": True,
+                   "options_kept": True}, out

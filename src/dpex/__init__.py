@@ -9,6 +9,14 @@ NOTE [ dpex Import Is Light ]
   (PEP 562's module ``__getattr__``). ``import ray`` is 0.6-0.8 s of CPU, which each such
   worker paid before its first batch (about 0.45 s a worker, on top of torch's own
   0.03 s, with forkserver here).
+
+  Except ``DataLoader``: its class exists from ``import dpex`` on, and its module reads no
+  Ray at import either (``dpex.compat`` and ``dpex.workers.options`` import Ray where they
+  use it). Lightning re-creates a loader to inject its DistributedSampler from the
+  arguments its patched ``__init__`` saved, and it patches the DataLoader classes that
+  exist when it calls ``train_dataloader()``: a class first made inside that hook (a lazy
+  ``dpex.DataLoader``) went unpatched, Lightning saved only torch's arguments, and the
+  loader it built back ran torch's own workers (``distribute_mode`` lost, silently).
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and the API docs (never r
     from dpex.workers.pool import shutdown_pool
     from dpex.workers.worker_info import get_worker_info
 __version__ = "0.1.0"
+
+from dpex.dataloader import DataLoader, DpexDataLoader  # noqa: E402 - see the NOTE above
 
 
 def __getattr__(name: str):

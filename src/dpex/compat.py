@@ -14,8 +14,10 @@ Where versions differ, a feature check decides (``hasattr``, a signature), not a
 string. Each Ray piece is imported lazily and fails with ``RayInternalsError`` naming the
 versions when a Ray lacks it, rather than with an ``ImportError`` from deep inside a loader.
 
-This module imports neither torch nor dpex at import time: the embedded head's helper
-process loads it alone, with Ray and without torch (``ray_session/_head_process.py``).
+This module imports neither torch, Ray nor dpex at import time: the embedded head's helper
+process loads it alone, with Ray and without torch (``ray_session/_head_process.py``), and
+``dpex.DataLoader``'s module, which ``import dpex`` loads, imports it (NOTE [ dpex Import Is
+Light ]). Each function imports what it uses.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ import logging
 import math
 from collections.abc import Iterator
 
-import ray
-
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
@@ -38,6 +38,8 @@ class RayInternalsError(RuntimeError):
 
 def missing_piece(what: str, exc: Exception) -> RayInternalsError:
     """The error for a private Ray piece that this Ray lacks (``what``, and why)."""
+    import ray
+
     from dpex.versions import range_text  # here: the head's helper loads this module alone
 
     return RayInternalsError(
@@ -159,6 +161,8 @@ def start_embedded_ray(niceness: int, worker_register_timeout_s: int, **init_kwa
     the lowest priority (NOTE [ dpex Embedded Head Priority ]), and a worker process
     starved past Ray's limit is killed, with the driver's connection waiting on it. Used by
     the helper process that starts the embedded head (ray_session/_head_process.py)."""
+    import ray
+
     with loopback_only(), quiet_token_auth_banner():
         return ray.init(address="local", include_dashboard=False,
                         logging_level=logging.WARNING,
@@ -193,6 +197,8 @@ def started_node_pids() -> list[int]:
     """The processes of the Ray node this process started (its GCS, raylet, dashboard,
     monitors), as Ray keeps them in ``ray._private.worker._global_node.all_processes``;
     none when it joined a node."""
+    import ray._private.worker
+
     node = getattr(ray._private.worker, "_global_node", None)
     infos = getattr(node, "all_processes", None) or {}
     return [info.process.pid for group in infos.values() for info in group
@@ -203,6 +209,8 @@ def after_ray_init(hook) -> bool:
     """Have Ray call ``hook()`` at the end of every ``ray.init`` in this process (Ray's
     post-init hooks, ``ray._private.worker._post_init_hooks``). False where a Ray has no
     such list: the caller then checks before each use instead."""
+    import ray._private.worker
+
     hooks = getattr(ray._private.worker, "_post_init_hooks", None)
     if not isinstance(hooks, list):
         return False
@@ -213,6 +221,8 @@ def after_ray_init(hook) -> bool:
 def session_name() -> str:
     """The name of the Ray session this process is connected to (new with every cluster).
     ``RuntimeContext.get_session_name`` where Ray has it; before that, the node's."""
+    import ray
+
     context = ray.get_runtime_context()
     if hasattr(context, "get_session_name"):
         return context.get_session_name()
@@ -242,6 +252,7 @@ def cluster_has_autoscaler() -> bool:
     v1 publishes that mapping each round in the GCS (``__autoscaling_status``); v2 in its
     cluster status. False before the monitor's first round (about a second after start).
     """
+    import ray
     from ray.experimental.internal_kv import _internal_kv_get
 
     try:

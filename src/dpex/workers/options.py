@@ -6,6 +6,8 @@ switches. Its ``autoscale`` is a ``dpex.Autoscale`` (autoscale.py), the opt-in e
 process count that the elastic control (``dpex.elastic``) acts on. ``eligible_cpus`` says which alive nodes may host a worker:
 they have CPUs, carry the required resources and labels, and are not the trainer's node
 when ``avoid_trainer_node``; the choice among them is ``dpex.elastic.placement``'s.
+This module imports Ray where it asks it something, not at import: ``dpex.DataLoader``'s
+module imports it (NOTE [ dpex Import Is Light ]).
 """
 
 from __future__ import annotations
@@ -15,10 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from dpex import compat, ray_session
+from dpex import compat
 from dpex.workers.autoscale import Autoscale
 
 
@@ -125,6 +124,8 @@ class WorkerOptions:
         if self.num_processes is not None and self.num_processes < 1:
             raise ValueError(f"num_processes should be at least 1, got {self.num_processes}")
         if self.labels and not compat.has_label_selectors():
+            import ray
+
             raise ValueError(
                 f"WorkerOptions(labels=...) needs Ray's label selectors, which Ray "
                 f"{ray.__version__} lacks: give the hosts a custom resource and ask for it "
@@ -154,6 +155,8 @@ class WorkerOptions:
         and torch, against 11 s (benchmarks/records/scaleout-findings.md). ``Worker.begin`` still sets
         every thread: the variable is relative to the node's own niceness.
         """
+        from dpex import ray_session
+
         niceness = self.target_niceness()
         if niceness is None or ray_session.owns_ray_session():
             return {}
@@ -179,6 +182,8 @@ class WorkerOptions:
         if self.labels:
             options["label_selector"] = dict(self.labels)
         if node_id is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
         # dpex restarts workers itself, from a known RNG state; Ray must not do it behind it.
         options["max_restarts"] = 0
@@ -203,6 +208,8 @@ def eligible_nodes(options: WorkerOptions, trainer_node_id: str | None) -> list[
 
 def eligible_node_cpus(options: WorkerOptions, trainer_node_id: str | None) -> dict[str, float]:
     """The alive nodes that may host a worker, with their CPU counts (read from Ray now)."""
+    import ray
+
     return eligible_cpus(ray.nodes(), options, trainer_node_id)
 
 
