@@ -10,7 +10,12 @@ took.
 workers set torch up first (``cache_datasets.warm_torch``).
 
 ``--wait-at N --ready PATH --go PATH``: in epoch 0, after batch N, write ``ready`` and wait
-until ``go`` exists (the test does something to the cluster meanwhile).
+until ``go`` exists (the test does something to the cluster meanwhile). ``--wait-at
+E:N,...`` holds at batch N of epoch E, at each point in turn; at the k-th point after the
+first, the files are ``PATH.k``.
+
+``--sample-s S``: dpex's loader's dataset takes S seconds a sample (torch's, the reference,
+does not wait: the samples' bits are the same), so that the loop waits on its data.
 
 ``--share NAME``: dpex's loader reads the stream of that name (``share=``), 2 workers, a
 0.05 s training step a batch (with ``--wait-at 1 --ready MINE --go OTHER``, two such jobs
@@ -37,24 +42,45 @@ class Noisy(torch.utils.data.Dataset):
     """Samples drawn from torch's per-worker random state: bitwise equal only where each
     worker is seeded as torch seeds it."""
 
+    def __init__(self, sample_s: float = 0.0) -> None:
+        self.sample_s = sample_s
+
     def __len__(self) -> int:
         return 96
 
     def __getitem__(self, i: int):
+        time.sleep(self.sample_s)
         return torch.tensor([float(i)]), torch.rand(3)
+
+
+def wait_points(spec: str | None) -> list[tuple[int, int]]:
+    """``--wait-at``'s points, ``(epoch, batch)`` each: ``N`` is ``0:N``."""
+    points = []
+    for part in (spec or "").split(","):
+        if part:
+            epoch, _, batch = part.rpartition(":")
+            points.append((int(epoch or 0), int(batch)))
+    return points
+
+
+def hold(args, k: int) -> None:
+    """At the ``k``-th wait point: say so, then wait until the test lets the job go on."""
+    suffix = f".{k}" if k else ""
+    open(args.ready + suffix, "w").close()
+    while not os.path.exists(args.go + suffix):
+        time.sleep(0.05)
 
 
 def epochs(loader, count: int, args) -> tuple[list, list]:
     out, seconds = [], []
+    points = wait_points(args.wait_at)
     for epoch in range(count):
         started, batches = time.monotonic(), []
         for batch in loader:
             batches.append(batch)
             time.sleep(getattr(args, "step_s", 0.0))  # the training step
-            if args.wait_at is not None and epoch == 0 and len(batches) == args.wait_at:
-                open(args.ready, "w").close()
-                while not os.path.exists(args.go):
-                    time.sleep(0.05)
+            if (epoch, len(batches)) in points:
+                hold(args, points.index((epoch, len(batches))))
         out.append(batches)
         seconds.append(time.monotonic() - started)
     return out, seconds
@@ -71,7 +97,8 @@ def hosts_of(node_ids) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--wait-at", type=int)
+    parser.add_argument("--wait-at")
+    parser.add_argument("--sample-s", type=float, default=0.0)
     parser.add_argument("--ready")
     parser.add_argument("--go")
     parser.add_argument("--cached-runs")
@@ -87,7 +114,7 @@ def main() -> None:
         options.update(num_workers=2)
         mode.update(share=args.share)
         args.step_s = 0.05
-    reference = dataset = Noisy()
+    reference, dataset = Noisy(), Noisy(args.sample_s)
     if args.cached_runs:
         from cache_datasets import Decoded, warm_torch
 
@@ -118,6 +145,7 @@ def main() -> None:
                       "hosts": hosts_of(stats.per_node) if stats.per_node else [],
                       "per_host": stats.per_host,
                       "seconds": seconds, "worker_restarts": stats.worker_restarts,
+                      "scaling": [event.reason for event in stats.scaling_events],
                       "cache": [c.summary() for c in stats.cache], "share": stats.share}),
           flush=True)
 

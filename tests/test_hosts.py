@@ -58,9 +58,11 @@ def _result(bed, job: int, timeout_s: float = 300, host: int = 0) -> dict:
 
 def _alive(bed, kind: str = "actors", field: str = "class_name") -> list[str]:
     """``field`` of each of the cluster's ALIVE actors (or nodes), from Ray's state API on
-    the head."""
+    the head. (The filter leaves out the dead, which Ray's check of a whole answer would
+    take for a truncated one: a host that left stays in the GCS's list as DEAD.)"""
     code = (f"import json; from ray.util.state import list_{kind}; print(json.dumps("
-            f"[a.{field} for a in list_{kind}(filters=[('state', '=', 'ALIVE')])]))")
+            f"[a.{field} for a in list_{kind}(filters=[('state', '=', 'ALIVE')], "
+            f"raise_on_missing_output=False)]))")
     rc, out, err = bed.hosts[0].run(f"RAY_AUTH_MODE=token python -c \"{code}\"", 120)
     assert rc == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])
@@ -148,6 +150,48 @@ def test_a_job_saved_on_one_host_resumes_on_another_with_torchs_batches(bed):
     assert out["equal"] == [True, True], out
 
 
+def _held(bed, job: int, path: pathlib.Path) -> None:
+    """Wait until the job on host 0 is held at its wait point (it wrote ``path``)."""
+    deadline = time.monotonic() + 300
+    while not path.exists():
+        assert time.monotonic() < deadline and not bed.hosts[0].shell.done(job), \
+            bed.hosts[0].shell.output(job, "err")[-3000:]
+        time.sleep(0.1)
+
+
+def test_a_host_that_joins_takes_work_and_one_that_leaves_hands_it_back_with_torchs_bits(bed):
+    """An operator adds a bigger host mid-epoch (``ray start --address`` on it): the loop
+    waits on its data, placement by CPUs wants the new host, and a process moves there. In
+    the last epoch the host is taken out again (``ray stop`` on it): its workers are
+    replaced on the others. Every epoch is torch's bits; the new host is named in the
+    stats, and the cluster is the bed's three hosts after it."""
+    inside = {name: f"/tmp/{name}" for name in ("ready", "go")}
+    ready, go = (pathlib.Path(bed.hosts[0].path(inside[n])) for n in ("ready", "go"))
+    for path in (ready, go, *(pathlib.Path(f"{p}.1") for p in (ready, go))):
+        path.unlink(missing_ok=True)
+    job = _train(bed, "--epochs", "4", "--sample-s", "0.2", "--wait-at", "0:5,3:2",
+                 "--ready", inside["ready"], "--go", inside["go"])
+    _held(bed, job, ready)
+    new = bed.join(cpus=4)
+    try:
+        go.touch()
+        _held(bed, job, pathlib.Path(f"{ready}.1"))  # the last epoch, its second batch
+        moved = _worker_processes(new)
+        bed.leave(len(bed.hosts) - 1)
+        pathlib.Path(f"{go}.1").touch()
+        out = _result(bed, job)
+    finally:
+        bed.drop_last()  # the later tests' bed: its three hosts
+    assert out["equal"] == [True] * 4, out
+    assert moved, out["scaling"]  # a worker ran on the new host before it left
+    assert any("a node joined" in reason for reason in out["scaling"]), out["scaling"]
+    assert new.name in out["per_host"], out
+    from helpers import wait_until
+
+    assert wait_until(lambda: sorted(_alive(bed, "nodes", "node_ip")) ==
+                      sorted(h.address for h in bed.hosts), 60), _alive(bed, "nodes", "node_ip")
+
+
 def _train_until_batch_5(bed) -> tuple[int, pathlib.Path]:
     """A 2-epoch training job on host 0, held at its 5th batch: the job, and the file that
     lets it go on."""
@@ -156,11 +200,7 @@ def _train_until_batch_5(bed) -> tuple[int, pathlib.Path]:
     job = _train(bed, "--epochs", "2", "--wait-at", "5", "--ready", "/tmp/ready", "--go",
                  "/tmp/go")  # in host 0's own /tmp
     ready, go = (pathlib.Path(bed.hosts[0].path(f"/tmp/{n}")) for n in ("ready", "go"))
-    deadline = time.monotonic() + 300
-    while not ready.exists():
-        assert time.monotonic() < deadline and not bed.hosts[0].shell.done(job), \
-            bed.hosts[0].shell.output(job, "err")[-3000:]
-        time.sleep(0.1)
+    _held(bed, job, ready)
     return job, go
 
 

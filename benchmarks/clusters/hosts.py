@@ -27,6 +27,11 @@ Faults, as a real cluster has them: ``kill(i)`` ends host ``i`` whole and at onc
 namespace's first process; the kernel ends the rest); ``cut(i)`` / ``mend(i)`` take its
 link down and up again.
 
+A cluster that changes as an operator changes it: ``join()`` makes one more host and runs
+``ray start --address`` on it; ``leave(i)`` runs ``ray stop`` on host ``i``, as its operator
+takes it out (in the host's own PID namespace it sees, and stops, that host's Ray alone);
+``drop_last()`` ends the last host and removes it from the bed.
+
 ``shared`` is a folder on the filesystem the hosts share, for a test's own files.
 ``close()`` kills every host, waits until none of their processes is left, removes the
 namespaces, the links, the route and that folder: ``leftovers()`` then says what is still there (nothing,
@@ -231,6 +236,25 @@ class HostBed:
                 self._remove(self.hosts[i])
                 self.hosts[i] = self._make_host(i)
             indices = sorted(failed)
+
+    def join(self, cpus: int | None = None, timeout_s: float = 180.0) -> Host:
+        """One more host, ``ray start --address=HEAD`` on it (``--num-cpus`` where given)."""
+        i = len(self.hosts)
+        self.hosts.append(self._make_host(i))
+        args = [f"--address={self.head_address}"]
+        self._ray_start([i], args + ([f"--num-cpus={cpus}"] if cpus is not None else []),
+                        timeout_s)
+        return self.hosts[i]
+
+    def leave(self, i: int, timeout_s: float = 120.0) -> None:
+        """``ray stop`` on host ``i``: its raylet tells the cluster it is going, and ends."""
+        rc, out, err = self.hosts[i].run(f"{shlex.quote(RAY)} stop", timeout_s)
+        if rc != 0:
+            raise RuntimeError(f"`ray stop` failed on {self.hosts[i].name}: {out}{err}")
+
+    def drop_last(self) -> None:
+        """End the last host (every process on it) and remove it from the bed."""
+        self._remove(self.hosts.pop())
 
     # ------------------------------------------------------------------ faults
 
