@@ -153,15 +153,24 @@ def _clusters_leave_the_ray_start_record_alone():
 
 
 # The order modules start in. Under xdist (`make test`, `make test-slow`) a free process takes
-# the next module: the longest go first, so that none starts last and runs alone.
-# test_ray_start.py leads: it holds the `ray start` record exclusively (NOTE above) before
-# anything else holds it, while the other process runs the modules after it, which never
-# look at the record. test_webdataset.py, which replaces the shared local session with a
-# cluster of its own (ray.shutdown() first), runs last, after the modules that use it.
-LONGEST_FIRST = ("test_ray_start.py", "test_cluster_recovery.py", "test_cluster_elastic.py",
-                 "test_elastic.py", "test_cluster.py", "test_autoscaler.py",
-                 "test_local_start.py", "test_ending.py", "test_bench_elastic.py",
-                 "test_ray_train.py")
+# the next module: the longest go first, so that none starts last and runs alone (the
+# longest-first order of the tier's own modules, as last measured: docs/development.md).
+# The modules that start clusters of their own (ray.shutdown() of the shared local session
+# first) come before the ones that share that session, so it starts once per process.
+# test_hosts.py (the slow tier's longest, its multi-host bed) leads that tier.
+# test_webdataset.py, which replaces the shared local session with a cluster of its own,
+# runs last, after the modules that use it.
+LONGEST_FIRST = ("test_hosts.py", "test_ray_start.py", "test_cluster_recovery.py",
+                 "test_cluster.py", "test_cluster_elastic.py", "test_elastic.py",
+                 "test_autoscaler.py", "test_local_start.py", "test_ending.py",
+                 "test_bench_elastic.py", "test_ray_train.py",
+                 # then by their time in `make test`
+                 "test_share.py", "test_pool.py", "test_lightning.py", "test_remote_iter.py",
+                 "test_cache_ray.py", "test_resume_contract.py", "test_accelerate.py",
+                 "test_hf_trainer.py", "test_ddp_auto.py", "test_ddp.py",
+                 "test_state_damage.py", "test_resume.py", "test_cache_peers.py",
+                 "test_cache_load.py", "test_zero_code.py", "test_bench.py",
+                 "test_head_priority.py")
 REPLACE_THE_SESSION = ("test_webdataset.py",)
 
 

@@ -232,13 +232,29 @@ class RayStart:
         assert proc.returncode == 0, out[-2000:] + err[-3000:]
 
     def stop(self) -> None:
+        """SIGTERM to each group, SIGKILL to what is left of them 2 s later."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for group in self.groups:
                 try:
                     os.killpg(group, sig)
                 except ProcessLookupError:
                     pass
-            time.sleep(2)
+            deadline = time.monotonic() + 2
+            while self._alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    def _alive(self) -> bool:
+        """Whether a process of the groups is still running (a zombie is not)."""
+        import psutil
+
+        groups = set(self.groups)
+        for proc in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(proc.pid) in groups and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    return True
+            except OSError:  # it ended meanwhile
+                continue
+        return False
 
 
 def can_hide_directories() -> bool:
