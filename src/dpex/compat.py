@@ -193,6 +193,22 @@ def signal_handlers_kept() -> Iterator[None]:
             signal.signal(signal.SIGTERM, saved)
 
 
+def import_what_ray_shutdown_imports() -> None:
+    """Import, before the script ends, the module ``ray.shutdown`` imports on its first
+    call (``ray.dag.compiled_dag_node``), so that a script that imported Ray still ends
+    on Ctrl-C as it would have without Ray (as under torch's loader): killed by SIGINT,
+    status -2. Python ends a script whose KeyboardInterrupt went unhandled that way after
+    its atexit hooks ran, unless one of them ran ``exec`` of a string, which clears that
+    mark (CPython's ``run_eval_code_obj``). Ray's own atexit hook is ``ray.shutdown``, and
+    that module's dataclasses do: the script exited with status 1, connected or not."""
+    import importlib
+
+    try:
+        importlib.import_module("ray.dag.compiled_dag_node")
+    except ImportError:  # a Ray whose shutdown imports no such module
+        pass
+
+
 def started_node_pids() -> list[int]:
     """The processes of the Ray node this process started (its GCS, raylet, dashboard,
     monitors), as Ray keeps them in ``ray._private.worker._global_node.all_processes``;

@@ -203,6 +203,8 @@ class DataLoader(TorchDataLoader):
             return self._torch_iter()
         from dpex.loader.remote_iter import _RayDataLoaderIter
 
+        compat.import_what_ray_shutdown_imports()  # Ctrl-C ends the script as without Ray
+
         # The same lifecycle as torch's persistent_workers: one iterator, reset per epoch.
         if self.persistent_workers:
             if self._ray_iterator is not None and self._ray_iterator.session_ended:

@@ -33,7 +33,9 @@ What ends each, as torch's own workers end
 In each way the trainer can end
   * Normal exit, an exception, ``break``, Ctrl-C: ``atexit`` runs. Iterators release their
     actors, the local processes get their stop message, the trainer disconnects from Ray
-    and closes the helper's stdin. Nothing waits on a signal handler.
+    and closes the helper's stdin. Nothing waits on a signal handler. After Ctrl-C the
+    trainer is killed by SIGINT (-2), as Python ends a script without Ray
+    (``compat.import_what_ray_shutdown_imports``).
   * SIGTERM with no handler, SIGKILL, the OOM killer, ``os._exit``: nothing runs in the
     trainer. Its local processes and the helper see their parent gone within ``WATCH_S``
     and end; the helper takes the embedded Ray's daemons and workers with it. On a joined
