@@ -41,6 +41,15 @@ class Sharing:
         self._share.epoch += 1
         self._share_components = loader._share_components()
         self._share_key = keys.epoch_key(self._share_components, self._base_seed)
+        if self._picker is not None and self._share.hub is None:
+            # On Ray already: its hub's process starts ahead of the workers' (each imports
+            # torch), not behind them. At load 14 on 2 cores, started at the first claim,
+            # the hub had not answered in 30 s and the loaders went on alone.
+            self._attach_hub()
+
+    def _attach_hub(self) -> None:
+        node = self._picker.trainer_node_id
+        self._share.attach(self._share_components, node, self._store.capacities.get(node, 0.0))
 
     def _note_share_key(self, task_id: int, index: Any) -> None:
         """Chain task ``task_id``'s key (called as each task is assigned, in task order)."""
@@ -66,9 +75,8 @@ class Sharing:
         if not self._share_on or isinstance(slot.actor, LocalActor):
             return False
         stream = self._share
-        if stream.hub is None:
-            node = self._picker.trainer_node_id
-            stream.attach(self._share_components, node, self._store.capacities.get(node, 0.0))
+        if stream.hub is None:  # a local start's first claim on Ray
+            self._attach_hub()
         if not stream.usable():  # the hub did not start
             return slot in self._stop_sharing(stream.stops[-1])
         key = self._share_keys.get(tasks[0][0])
