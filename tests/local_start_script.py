@@ -67,8 +67,10 @@ def batches(distribute_mode, fault=None):
         if distribute_mode and it._local_active:
             # A training step while the workers move: the rest of the epoch outlasts the
             # hand-over (Ray processes that import torch took over 4 s to answer on a slow
-            # day of this machine, longer than the epoch's rest at full speed).
-            time.sleep(0.05)
+            # day of this machine, longer than the epoch's rest at full speed; on a day
+            # twice as slow, with the slow tier beside it, over the 20 s that 50 ms steps
+            # gave). Paid only until the workers moved.
+            time.sleep(0.1)
         if fault is not None and it._local_twins and not fault["done"]:
             os.kill(local_pids[0], signal.SIGKILL)
             fault["done"] = True
