@@ -73,7 +73,9 @@ def test_a_head_whose_raylet_does_not_register_in_time_is_started_again():
     out = run_script("stalled-raylet", timeout=540)
     assert out["equal"] and out["last_began_on_ray"], out
     raylet, first_helper = out["stalled"]
-    assert out["head_retries_left"] == EmbeddedHead.RETRIES - 1, out  # one retry used
+    # At least one retry used: on a machine busy enough (the project's CI on a slow day) the
+    # second head's raylet may miss its 30 s too, and the last retry starts it.
+    assert out["head_retries_left"] < EmbeddedHead.RETRIES, out
     assert out["helper_pid"] != first_helper, out
     assert wait_gone([raylet, first_helper, out["helper_pid"]]) == []
 
