@@ -109,6 +109,35 @@ def test_the_namespace_changes_with_attributes_and_code_not_with_files(tmp_path)
     assert fingerprint.namespace(load, ds, "v1") != fingerprint.namespace(_Files.load.fn, ds, "v1")
 
 
+class _Resize:
+    def __init__(self, size):
+        self.size = size
+
+
+class _WithObjects:
+    """Attributes that are objects of the user's classes, a class and a function, beside
+    plain values: each value counts."""
+
+    def __init__(self, size=224, shape=(3, 32, 32)):
+        self.transform, self.kind, self.hook = _Resize(size), _Resize, _assert_identical
+        self.shape = shape
+
+    @dpex.cached
+    def load(self, i):
+        return self.transform.size * i + self.shape[2]
+
+
+def test_attributes_beside_objects_classes_and_functions_count_by_their_values():
+    # Once, a class or function in the state made its pickling recurse without end: the
+    # state digested as "unpicklable", and a changed size or shape kept the namespace,
+    # and its entries, computed with the old one.
+    base = fingerprint.namespace(_WithObjects.load.fn, _WithObjects(), None)
+    assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(), None) == base
+    assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(size=256), None) != base
+    assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(shape=(3, 32, 33)),
+                                 None) != base
+
+
 class _Subclassed(_Files):
     """A stage and a ``__getitem__`` that call ``super()``: a closure over their class."""
 

@@ -277,6 +277,9 @@ class _ReachingPickler(pickle.Pickler):
         return sink.hash.digest()
 
     def reducer_override(self, obj: Any) -> Any:
+        if obj is _token:  # the callable of the reductions below: by its name, as pickle
+            return NotImplemented  # does (reduced again, it was a recursion without end,
+            # and the whole state digested as "unpicklable": its values counted for nothing)
         if isinstance(obj, type):
             self._walk.klass(obj)
             return _token, (f"class {obj.__name__}",)
