@@ -7,7 +7,9 @@ took.
 
 ``--cached-runs DIR``: the dataset is tests/cache_datasets.py's ``Decoded`` (192 samples, a
 ``dpex.cached`` decode) noting each run of its stage in DIR, a folder all hosts share; its
-workers set torch up first (``cache_datasets.warm_torch``).
+workers set torch up first (``cache_datasets.warm_torch``). ``--disk-only``: with it, a
+dataset of its own (another shape: a namespace of its own) and an object-store share too
+small for one entry, so that each host keeps its entries on its own disk alone.
 
 ``--wait-at N --ready PATH --go PATH``: in epoch 0, after batch N, write ``ready`` and wait
 until ``go`` exists (the test does something to the cluster meanwhile). ``--wait-at
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--ready")
     parser.add_argument("--go")
     parser.add_argument("--cached-runs")
+    parser.add_argument("--disk-only", action="store_true")
     parser.add_argument("--save-at", type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--state")
@@ -118,8 +121,11 @@ def main() -> None:
     if args.cached_runs:
         from cache_datasets import Decoded, warm_torch
 
-        reference, dataset = Decoded(192), Decoded(192, args.cached_runs)
+        shape = (3, 32, 33) if args.disk_only else (3, 32, 32)
+        reference, dataset = Decoded(192, shape=shape), Decoded(192, args.cached_runs, shape)
         options.update(batch_size=8, worker_init_fn=warm_torch)
+        if args.disk_only:
+            mode.update(cache=dpex.Cache(memory_share=1e-9))
     expected, _ = epochs(torch.utils.data.DataLoader(
         reference, generator=torch.Generator().manual_seed(7), **options), args.epochs,
         argparse.Namespace(wait_at=None))

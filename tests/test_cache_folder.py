@@ -109,7 +109,7 @@ def test_what_dpex_makes_is_private_whatever_the_umask(tmp_path):
         os.umask(old)
     for path in (tmp_path / "made", tmp_path / "made" / "parents", folder, folder / "ns"):
         assert _mode(path) == 0o700, path
-    assert sorted(os.listdir(folder / "ns")) == [".bytes", ".last_use", ".stage", "k1"]
+    assert sorted(os.listdir(folder / "ns")) == [".bytes", ".folder-id", ".last_use", ".stage", "k1"]
     for name in os.listdir(folder / "ns"):
         assert _mode(folder / "ns" / name) == 0o600, name
     assert torch.equal(entries.unpack(tier.get("k1")), torch.arange(250, dtype=torch.float32))
@@ -212,7 +212,7 @@ def test_group_mode_trusts_the_folders_group_and_no_one_else(tmp_path):
     finally:
         os.umask(old)
     assert _mode(os.path.join(team, "ns")) == 0o2770 and _mode(made) == 0o2770
-    assert sorted(os.listdir(os.path.join(team, "ns"))) == [".bytes", ".last_use", ".stage", "k1"]
+    assert sorted(os.listdir(os.path.join(team, "ns"))) == [".bytes", ".folder-id", ".last_use", ".stage", "k1"]
     for name in os.listdir(os.path.join(team, "ns")):
         assert _mode(os.path.join(team, "ns", name)) == 0o660, name
 

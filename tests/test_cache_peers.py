@@ -145,3 +145,86 @@ def test_the_nodes_own_owner_is_waited_for_too(ray_local, owners):
     late = _later(0.3, _put, owner, range(2, 10))
     assert torch.equal(_value(memory.get("k9")), torch.full((4,), 9.0))
     late.join()
+
+
+# ---------------------------------------------------------------- another host's disk
+# NOTE [ dpex Cache Disk Across Hosts ]: entries that another host keeps on its disk alone,
+# read through its owner. The folder here is this machine's; the owner named for another
+# node serves it as that node's owner serves its own host's.
+
+def _disk_tier(tmp_path, keys) -> disk.DiskTier:
+    tier = disk.DiskTier(str(tmp_path / "cache"), NAMESPACE, 2**26, 600.0, "test")
+    for i in keys:
+        tier.put(f"k{i}", _entry(i))
+    tier.settle()
+    return tier
+
+
+def test_an_entry_on_another_hosts_disk_alone_is_read_through_its_owner(
+        ray_local, owners, tmp_path):
+    import ray
+
+    owner = owners(OTHER)
+    tier = _disk_tier(tmp_path, range(40))
+    _put(owner, [7])  # one in its store too: read from there, not from the disk
+    ray.get(owner.disk_folder.remote(tier.path, False))
+    peers = PeerTier(ray_local.get_runtime_context().get_node_id(), NAMESPACE, CostModel(),
+                     2**26)
+    assert torch.equal(_value(peers.get("k3")), torch.full((4,), 3.0))
+    assert peers.last_from_disk
+    assert len(peers._held) == 15  # read with it, in the one call: the next hits are here
+    for i in range(40):
+        assert torch.equal(_value(peers.get(f"k{i}")), torch.full((4,), float(i)))
+        assert peers.last_from_disk == (i != 7), i
+    assert disk.is_miss(peers.get("nowhere"))
+    tier.discard("k5")  # made stale there: gone from its disk, a miss here
+    peers.refresh()
+    assert disk.is_miss(peers.get("k5"))
+
+
+def test_a_disk_folder_others_could_write_is_never_read_and_ones_own_is_not_listed_twice(
+        ray_local, owners, tmp_path):
+    import os
+
+    import ray
+
+    tier = _disk_tier(tmp_path, range(4))
+    os.chmod(tier.path, 0o777)  # anyone could have put a pickle there
+    refused = owners(OTHER)
+    ray.get(refused.disk_folder.remote(tier.path, False))
+    here = ray_local.get_runtime_context().get_node_id()
+    assert disk.is_miss(PeerTier(here, NAMESPACE, CostModel(), 2**26).get("k1"))
+    ray.kill(refused)
+    os.chmod(tier.path, 0o700)
+    owner = owners("e" * 56)
+    ray.get(owner.disk_folder.remote(tier.path, False))
+    same_folder = PeerTier(here, NAMESPACE, CostModel(), 2**26)
+    same_folder.folder_id = tier.folder_id()  # this node's own folder: its disk tier reads it
+    assert disk.is_miss(same_folder.get("k1")) and same_folder._index == {}
+    assert not disk.is_miss(PeerTier(here, NAMESPACE, CostModel(), 2**26).get("k1"))
+
+
+def test_an_owner_made_as_workers_make_it_serves_a_disk_folder_without_importing_torch(
+        ray_local, tmp_path):
+    """The owner travels by value (NOTE [ dpex Cache Owner ]), its disk index and the
+    folder rules with it: its process never imports torch (1.2 s of CPU on the cores the
+    loop is using)."""
+    import ray
+
+    from dpex.cache.owner import owner_for
+
+    tier = _disk_tier(tmp_path, range(3))
+    here = ray_local.get_runtime_context().get_node_id()
+    owner = owner_for(user(), NAMESPACE + "-by-value", "test", here, limit=2**26, ttl_s=600.0)
+    try:
+        ray.get(owner.disk_folder.remote(tier.path, False))
+        assert ray.get(owner.read_disk.remote(["k1"], 2**20)) == []  # not listed yet
+        *_, disk_keys, ids = ray.get(owner.keys.remote(0, 0))
+        assert sorted(disk_keys) == ["k0", "k1", "k2"] and ids == [tier.folder_id()]
+        ((key, data),) = ray.get(owner.read_disk.remote(["k1"], 2**20))
+        assert key == "k1" and torch.equal(_value(disk.loads(data)), torch.full((4,), 1.0))
+        pid = ray.get(owner.describe.remote())["pid"]
+        with open(f"/proc/{pid}/maps") as maps:
+            assert "libtorch" not in maps.read()
+    finally:
+        ray.kill(owner)

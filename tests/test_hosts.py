@@ -120,21 +120,28 @@ def test_two_trainers_on_two_hosts_share_one_stream_with_torchs_bits(bed):
     assert sum(o["share"]["from_stream"] for o in outs) >= batches - 4, outs
 
 
-def test_the_stage_runs_once_per_sample_across_hosts_and_not_in_a_second_job(bed):
+@pytest.mark.parametrize("where", ["store", "disk"])
+def test_the_stage_runs_once_per_sample_across_hosts_and_not_in_a_second_job(bed, where):
     """NOTE [ dpex Cache Across Hosts ]: 192 samples of a cached decode, shuffled, on two
     worker hosts that share no /tmp: each sample's batch lands on either host in each
     epoch, and the stage still runs once per sample over 4 epochs; a second job runs it
-    not at all. (Without reading the other host's entries: 358 calls.)"""
+    not at all. (Without reading the other host's entries: 358 calls.) The same where each
+    host's object-store share holds no entry, and each keeps its entries on its own disk
+    alone (NOTE [ dpex Cache Disk Across Hosts ]): the other host's owner reads them."""
     from cache_datasets import runs_in
 
-    runs = os.path.join(bed.shared, "runs")
+    runs = os.path.join(bed.shared, f"runs-{where}")
     os.mkdir(runs)
+    extra = ["--disk-only"] if where == "disk" else []
     for job in ("first", "second"):
-        out = _result(bed, _train(bed, "--epochs", "4", "--cached-runs", runs), 600)
+        out = _result(bed, _train(bed, "--epochs", "4", "--cached-runs", runs, *extra), 600)
         assert out["equal"] == [True] * 4, (job, out)
         assert len(out["hosts"]) == 2, (job, out)
         computed = runs_in(runs)
         assert sorted(computed) == list(range(192)), (job, len(computed), out["cache"])
+        if where == "disk":
+            assert "of their disks" in out["cache"][0] and "0.0 MiB in memory" in \
+                out["cache"][0], (job, out["cache"])
 
 
 def test_a_job_saved_on_one_host_resumes_on_another_with_torchs_batches(bed):

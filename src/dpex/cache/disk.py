@@ -21,12 +21,14 @@ import contextlib
 import fcntl
 import os
 import pickle
+import secrets
 import shutil
 import tempfile
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from dpex.cache.disk_index import FOLDER_ID
 from dpex.cache.disk_writer import Writer
 from dpex.cache.private_folder import checked_folder, file_mode, folder_mode
 
@@ -84,6 +86,17 @@ class DiskTier:
             self.touch()
             if stage:
                 self._write_once(".stage", stage)  # for `dpex cache ls`
+            # Which folder this is, for the owners of other nodes that serve theirs (NOTE
+            # [ dpex Cache Disk Across Hosts ]): two nodes of one host share it.
+            self._write_once(FOLDER_ID, secrets.token_hex(16))
+
+    def folder_id(self) -> str:
+        """The namespace folder's random id; empty where it cannot be read."""
+        try:
+            with open(os.path.join(self.path, FOLDER_ID)) as f:
+                return f.read()
+        except OSError:
+            return ""
 
     def _make_namespace_folder(self) -> None:
         mode = folder_mode(self._group)
@@ -111,14 +124,10 @@ class DiskTier:
             f.write(text)
 
     def get(self, key: str) -> Any:
-        from dpex.cache import entries
-
         try:
             with open(os.path.join(self.path, key), "rb") as f:
-                return entries.freeze(pickle.load(f))
-        except FileNotFoundError:
-            return MISS
-        except (OSError, EOFError, pickle.UnpicklingError):  # a damaged entry: a miss
+                return loads(f.read())
+        except OSError:
             return MISS
 
     def discard(self, key: str) -> None:
@@ -205,6 +214,17 @@ class DiskTier:
                 return False
             f.seek(0), f.truncate(), f.write(str(used + nbytes))
             return True
+
+
+def loads(data: bytes) -> Any:
+    """An entry from its file's bytes (read here, or by another host's owner: NOTE
+    [ dpex Cache Disk Across Hosts ]); MISS where it is damaged."""
+    from dpex.cache import entries
+
+    try:
+        return entries.freeze(pickle.loads(data))
+    except (EOFError, pickle.UnpicklingError):
+        return MISS
 
 
 def write_file(f: BinaryIO, data: bytes) -> None:

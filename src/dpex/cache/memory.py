@@ -77,6 +77,7 @@ class MemoryTier:
         # found it empty (NOTE [ dpex Cache Across Hosts ]). A stage refused or recomputed
         # leaves it empty, until its TTL.
         self._owner: Any = None
+        self._disk_folder: tuple[str, bool] | None = None  # told to each owner (serve_disk)
         self._index: dict[str, int] = {}  # key -> where (_SPAN), of the blocks read so far
         self._refs: dict[int, Any] = {}  # block number -> its reference, while it is there
         self._mapped: dict[int, tuple] = {}  # block number -> the block as read from the store
@@ -177,8 +178,8 @@ class MemoryTier:
             return 0
         self._sent_bytes += nbytes
         if self._owner is None:  # started now: its process takes a second or two to be up
-            self._owner = owner_for(user(), self._name, self._label, self._node, self.limit,
-                                    self._ttl_s)
+            self._use_owner(owner_for(user(), self._name, self._label, self._node,
+                                      self.limit, self._ttl_s))
         self._pending.append((key, entries.to_parts(stored), nbytes, replace))
         if len(self._pending) >= _SEND_EVERY:
             self.send()
@@ -234,8 +235,8 @@ class MemoryTier:
                 if tries > 1 or self._removed:  # failed again, or the owner was removed
                     self._not_kept["owner"] += len(items)
                     continue
-                self._owner = owner_for(user(), self._name, self._label, self._node,
-                                        self.limit, self._ttl_s)
+                self._use_owner(owner_for(user(), self._name, self._label, self._node,
+                                          self.limit, self._ttl_s))
                 waiting.append((self._owner.put.remote(items), items, tries + 1))
             except RayError:  # the call failed in the owner: not sent again
                 self._not_kept["owner"] += len(items)
@@ -278,14 +279,27 @@ class MemoryTier:
         Counts ])."""
         self._lag, self._received = OwnerLag(expected), None
         if self._owner is None:
-            self._owner = existing_owner(user(), self._name, self._node)
+            self._use_owner(existing_owner(user(), self._name, self._node))
             if self._owner is None:
                 if not self.full:  # nothing there yet: started now, not asked (below)
-                    self._owner = owner_for(user(), self._name, self._label, self._node,
-                                            self.limit, self._ttl_s)
+                    self._use_owner(owner_for(user(), self._name, self._label, self._node,
+                                              self.limit, self._ttl_s))
                 return
         self._ask()  # afresh: an answer still pending was asked before the last epoch's end
         self._index_due = time.monotonic() + _FIRST_SYNC_S
+
+    def serve_disk(self, path: str, group: bool) -> None:
+        """Tell the node's owner (this one and any later) that this process keeps the
+        namespace's entries in ``path`` on this host (NOTE [ dpex Cache Disk Across
+        Hosts ])."""
+        self._disk_folder = (path, group)
+        if self._owner is not None:
+            self._owner.disk_folder.remote(path, group)
+
+    def _use_owner(self, owner: Any) -> None:
+        self._owner = owner
+        if owner is not None and self._disk_folder is not None:
+            owner.disk_folder.remote(*self._disk_folder)
 
     def _ask(self) -> None:
         self.send()

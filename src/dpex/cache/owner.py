@@ -16,7 +16,9 @@ no CPU, pinned to its node, named ``<user>/<namespace>/<node id>`` in the Ray na
   polled without blocking the worker's tasks; below) and ``ray.get`` them: on the node,
   in place.
 * Processes on other nodes read the owner's keys (``keys``) and pull the blocks they hit
-  through Ray's object store (peers.py: NOTE [ dpex Cache Across Hosts ]).
+  through Ray's object store (peers.py: NOTE [ dpex Cache Across Hosts ]), and the files
+  of its host's disk entries that are not in its blocks (``read_disk``: disk_index.py,
+  NOTE [ dpex Cache Disk Across Hosts ]).
 * A node that leaves takes its owner and entries with it; an owner killed (``dpex cache
   rm``) or expired takes its entries with it. A reference to an entry that is gone fails
   to ``ray.get``: a miss, recomputed with the same bits.
@@ -53,6 +55,8 @@ import threading
 import time
 from typing import Any
 
+from dpex import private_folder
+from dpex.cache.disk_index import DiskIndex
 from dpex.cache.policy import Budget
 
 RAY_NAMESPACE = "dpex-cache"
@@ -74,6 +78,7 @@ class CacheOwner:
         self._pending: list[tuple[str, Any]] = []  # admitted, not sealed yet: (key, parts)
         self._pending_bytes = 0
         self._received = 0  # entries put, kept or not: NOTE [ dpex Cache Sent Counts ]
+        self._disk = DiskIndex()  # its host's disk entries, for other nodes
         self._created = self._last_use = time.time()
         threading.Thread(target=self._expire, daemon=True, name="dpex-cache-ttl").start()
 
@@ -99,16 +104,33 @@ class CacheOwner:
         return (len(self._blocks), [[ref] for ref in self._blocks[since:]], self._budget.full,
                 self._received)
 
-    def keys(self, since: int) -> tuple[int, list[tuple[list[Any], list[str], int]], int]:
+    def keys(self, since: int, disk_since: int | None = None) -> tuple:
         """For a process on another node (peers.py: NOTE [ dpex Cache Across Hosts ]): the
         blocks after the first ``since`` as ([reference], their keys, their size), without
-        their bytes; and the entries received."""
+        their bytes; the entries received; and, where ``disk_since`` is given, the number of
+        disk entries listed, those after the first ``disk_since`` that are not in a block,
+        and the ids of the disk folders (NOTE [ dpex Cache Disk Across Hosts ])."""
         self._last_use = time.time()
         self._seal()
-        return len(self._blocks), [
-            ([ref], keys, size) for ref, keys, size in
-            zip(self._blocks[since:], self._block_keys[since:], self._block_bytes[since:])
-        ], self._received
+        blocks = [([ref], keys, size) for ref, keys, size in
+                  zip(self._blocks[since:], self._block_keys[since:], self._block_bytes[since:])]
+        if disk_since is None:
+            return len(self._blocks), blocks, self._received
+        self._disk.scan(self._keys)  # NOTE [ dpex Cache Disk Across Hosts ]
+        listed = self._disk.keys
+        return (len(self._blocks), blocks, self._received, len(listed),
+                [key for key in listed[disk_since:] if key not in self._keys], self._disk.ids)
+
+    def disk_folder(self, path: str, group: bool) -> None:
+        """A process of this node keeps entries of the namespace in ``path`` (checked here
+        before it is read: NOTE [ dpex Cache Disk Across Hosts ])."""
+        self._disk.add(path, group, private_folder.checked_folder)
+
+    def read_disk(self, keys: list[str], limit: int) -> list[tuple[str, bytes]]:
+        """The disk files of ``keys``, for a process on another node: the first always,
+        the others while ``limit`` bytes allow."""
+        self._last_use = time.time()
+        return self._disk.read(keys, limit)
 
     def _seal(self) -> None:
         import ray
@@ -213,9 +235,10 @@ def owner_for(user: str, namespace: str, stage: str, node_id: str, limit: int,
     from ray import cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from dpex.cache import policy
+    from dpex.cache import disk_index, policy
 
-    for module in (sys.modules[__name__], policy):  # by value: NOTE [ dpex Cache Owner ]
+    by_value = (sys.modules[__name__], policy, disk_index, private_folder)
+    for module in by_value:  # NOTE [ dpex Cache Owner ]
         cloudpickle.register_pickle_by_value(module)
     actor = ray.remote(CacheOwner).options(
         name=owner_name(user, namespace, node_id), namespace=RAY_NAMESPACE,

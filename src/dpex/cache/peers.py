@@ -41,8 +41,9 @@ the other nodes (``PeerTier``), after its own node's tiers:
 * A node that leaves takes its owner and entries with it, and only those: a peer whose
   block or answer fails to arrive (``_GET_TIMEOUT_S``) is dropped with all its keys, and
   its samples are computed again here, with the same bits.
-* Only the object store is read across hosts: an entry another host holds on its disk
-  alone (its store's budget was full) is not found from here.
+* An entry another host holds on its disk alone (its store's budget was full, or an
+  earlier job left it) is listed and read through that host's owner: disk_index.py,
+  NOTE [ dpex Cache Disk Across Hosts ]. A block listed for a key wins over a disk file.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ _ASK_AFTER = (1, 8, 256)
 _ANSWER_WAIT_S = 1.0  # ... and wait this long at most for the answers
 _GET_TIMEOUT_S = 10.0  # a block not pulled in this long: its node is going, a miss
 _PULL_BYTES = 64 * 2**20  # the most one lookup pulls (in well under _GET_TIMEOUT_S)
+# Another host's disk entries (NOTE [ dpex Cache Disk Across Hosts ]): read this many in
+# one call at most, this many bytes, and hold those read ahead up to the last bound.
+_DISK_BATCH = 16
+_DISK_READ_BYTES = 16 * 2**20
+_DISK_HELD_BYTES = 64 * 2**20
+_DISK = -1  # in the index, in place of a block's number: the key is on the host's disk
 
 
 class _Peer:
@@ -75,6 +82,13 @@ class _Peer:
         self.sizes: dict[int, tuple[int, int]] = {}  # block number -> (bytes, entries)
         self.asked: Any = None
         self.received: int | None = None  # entries it had received, as it last said
+        self.disk_seen = 0  # its host's disk entries listed so far
+        self.disk_keys: list[str] = []  # those not in a block when listed, in order
+
+    def question(self) -> Any:
+        """Ask the owner for what it has that this process has not listed."""
+        self.asked = self.handle.keys.remote(self.seen, self.disk_seen)
+        return self.asked
 
 
 class PeerTier:
@@ -96,6 +110,11 @@ class PeerTier:
         self._ask_after = _ASK_AFTER[0]
         self._read_s: list[float] = []  # seconds per entry read from another node
         self._expected: dict[str, int] = {}  # node -> entries sent to its owner (sent.py)
+        self.folder_id = ""  # this node's disk folder's: another owner's with it is skipped
+        self._held: dict[str, tuple[str, bytes]] = {}  # key -> (node, file) read ahead
+        self._held_bytes = 0
+        self._read_this_epoch: set[str] = set()  # disk entries of other hosts read
+        self.last_from_disk = False  # whether the last hit was another host's disk entry
         self.refresh(expected)
 
     # ------------------------------------------------------------------ the index
@@ -120,6 +139,7 @@ class PeerTier:
             except ValueError:  # gone since it was listed
                 continue
         self._ask(afresh=True)
+        self._read_this_epoch = set()
         self._index_due = time.monotonic() + _FIRST_SYNC_S if self._peers else None
         self._unlisted, self._ask_after = 0, _ASK_AFTER[0]
 
@@ -130,10 +150,9 @@ class PeerTier:
         sent = []
         for peer in self._peers.values():
             if peer.asked is None or afresh:
-                peer.asked = peer.handle.keys.remote(peer.seen)
+                sent.append(peer.question())
                 if afresh:  # what it said last epoch is no news of this one
                     peer.received = None
-                sent.append(peer.asked)
         return sent
 
     def poll(self, timeout_s: float = 0.0) -> int:
@@ -151,19 +170,31 @@ class PeerTier:
             peer = self._peers[node]
             peer.asked = None
             try:
-                count, blocks, *received = ray.get(ref)
-            except (RayError, AttributeError):  # gone, or an owner without ``keys``
+                count, blocks, received, disk_count, disk_keys, folder_ids = ray.get(ref)
+            except (RayError, AttributeError, ValueError):  # gone, or not this layout
                 self._drop(node)
                 continue
-            peer.received = received[0] if received else None  # one that does not count
+            peer.received = received
             for offset, (box, keys, size) in enumerate(blocks):
                 number = peer.seen + offset
                 peer.refs[number], peer.sizes[number] = box[0], (size, len(keys))
                 self._index.update((key, (node, number, position))
                                    for position, key in enumerate(keys))
             peer.seen = count
-            listed += len(blocks)
+            listed += len(blocks) + self._list_disk(node, peer, disk_keys, folder_ids)
+            peer.disk_seen = disk_count
         return listed
+
+    def _list_disk(self, node: str, peer: _Peer, keys: list[str], folder_ids: list[str]) -> int:
+        """Index another host's disk entries, where its folder is not this node's (NOTE
+        [ dpex Cache Disk Across Hosts ]); 1 where any was new."""
+        if not keys or (self.folder_id and self.folder_id in folder_ids):
+            return 0
+        first = len(peer.disk_keys)
+        peer.disk_keys.extend(keys)
+        for position, key in enumerate(keys, first):
+            self._index.setdefault(key, (node, _DISK, position))  # a block wins
+        return 1
 
     def _where(self, key: str) -> tuple[str, int, int] | None:
         """Where another node holds ``key``. A key not listed waits for the epoch's first
@@ -211,9 +242,7 @@ class PeerTier:
             time.sleep(ASK_AGAIN_S)
             sent = []
             for peer in behind:
-                if peer.asked is None:
-                    peer.asked = peer.handle.keys.remote(peer.seen)
-                sent.append(peer.asked)
+                sent.append(peer.question() if peer.asked is None else peer.asked)
             ray.wait(sent, num_returns=len(sent), timeout=max(0.0, due - time.monotonic()))
             self.poll()
 
@@ -223,16 +252,21 @@ class PeerTier:
         self._index = {k: where for k, where in self._index.items() if where[0] != node}
         self._mapped = {k: block for k, block in self._mapped.items() if k[0] != node}
         self._pulled_bytes = sum(self._peers[n].sizes[b][0] for n, b in self._mapped)
+        self._held = {k: held for k, held in self._held.items() if held[0] != node}
+        self._held_bytes = sum(len(data) for _, data in self._held.values())
 
     # ------------------------------------------------------------------ lookups
 
     def get(self, key: str) -> Any:
+        self.last_from_disk = False
         if not self._peers or not pull_pays(self._read_s, self._cost.compute_s):
             return disk.MISS
         where = self._where(key)
         if where is None:
             return disk.MISS
         node, number, position = where
+        if number == _DISK:
+            return self._from_disk(key, node, position)
         block, pull_share = self._mapped.get((node, number)), 0.0
         if block is None:
             pulled = self._pull(node, number)
@@ -275,6 +309,60 @@ class PeerTier:
         seconds = time.perf_counter() - started
         return blocks[0], seconds / max(1, sum(peer.sizes[n][1] for n in numbers))
 
+    def _from_disk(self, key: str, node: str, position: int) -> Any:
+        """The entry another host's owner reads from its disk (NOTE [ dpex Cache Disk
+        Across Hosts ]): read ahead with others, or now, with up to ``_DISK_BATCH - 1``
+        others of that host this process has not read this epoch."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayError
+
+        held = self._held.pop(key, None)
+        pull_share = 0.0
+        if held is None:
+            peer = self._peers[node]
+            keys = [key] + self._read_ahead(peer, position)
+            started = time.perf_counter()
+            try:
+                read = ray.get(peer.handle.read_disk.remote(keys, _DISK_READ_BYTES),
+                               timeout=_GET_TIMEOUT_S)
+            except (RayError, GetTimeoutError):
+                self._drop(node)
+                return disk.MISS
+            pull_share = (time.perf_counter() - started) / max(1, len(read))
+            for other, data in read:
+                if other == key:
+                    held = (node, data)
+                elif self._held_bytes + len(data) <= _DISK_HELD_BYTES:
+                    self._held[other] = (node, data)
+                    self._held_bytes += len(data)
+            if held is None:  # gone from its disk since it was listed
+                self._index.pop(key, None)
+                return disk.MISS
+        else:
+            self._held_bytes -= len(held[1])
+        self._read_this_epoch.add(key)
+        started = time.perf_counter()
+        stored = disk.loads(held[1])
+        if len(self._read_s) < 256:
+            self._read_s.append(pull_share + time.perf_counter() - started)
+        self.last_from_disk = not disk.is_miss(stored)
+        return stored
+
+    def _read_ahead(self, peer: _Peer, position: int) -> list[str]:
+        """Others of ``peer``'s disk entries to read with the one at ``position``: those
+        after it in the owner's order, not held and not read this epoch."""
+        keys, out = peer.disk_keys, []
+        for step in range(1, min(len(keys), 4 * _DISK_BATCH)):
+            key = keys[(position + step) % len(keys)]
+            if (key not in self._held and key not in self._read_this_epoch
+                    and self._index.get(key, ("", 0, 0))[1] == _DISK):
+                out.append(key)
+                if len(out) == _DISK_BATCH - 1:
+                    break
+        return out
+
     def unmap(self) -> None:
-        """Let go of the blocks pulled (this process goes back to its pool)."""
+        """Let go of the blocks pulled, and the disk entries read ahead (this process goes
+        back to its pool)."""
         self._mapped, self._pulled_bytes = {}, 0
+        self._held, self._held_bytes = {}, 0

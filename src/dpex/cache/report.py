@@ -17,8 +17,9 @@ class CacheStats:
     Attributes:
         stage: the stage's qualified name. namespace: its fingerprint (``dpex cache ls``).
         memory_hits, disk_hits, misses: lookups answered by each tier of the worker's own
-            node, and those computed. peer_hits: lookups answered by another node's
-            object store (an entry computed on another host).
+            node, and those computed. peer_hits: lookups answered by another node (an
+            entry computed on another host); peer_disk_hits: those of them read from that
+            host's disk (its object store's share was full).
         stale: misses of an entry that was there, but a file it read has changed since
             (it is computed again, and stored in its place).
         unseen_reads: computations that read what dpex cannot check (a C library opening
@@ -47,6 +48,7 @@ class CacheStats:
     memory_hits: int = 0
     disk_hits: int = 0
     peer_hits: int = 0
+    peer_disk_hits: int = 0
     misses: int = 0
     stale: int = 0
     unseen_reads: int = 0
@@ -79,7 +81,9 @@ class CacheStats:
     def summary(self) -> str:
         return (f"{self.stage}: {self.hit_rate:.0%} hits ({self.memory_hits} memory, "
                 f"{self.disk_hits} disk, "
-                + (f"{self.peer_hits} other nodes, " if self.peer_hits else "")
+                + (f"{self.peer_hits} other nodes"
+                   + (f" ({self.peer_disk_hits} of their disks)" if self.peer_disk_hits else "")
+                   + ", " if self.peer_hits else "")
                 + f"{self.misses} computed), stored "
                 f"{self.memory_bytes / 2**20:.1f} MiB in memory and "
                 f"{self.disk_bytes / 2**20:.1f} MiB on disk; {self.decision}"

@@ -20,8 +20,9 @@ Where a lookup goes (``Space.get``)
   2. the node's disk (disk.py), for entries that did not fit the object store (an entry
      found in either whose recorded files changed since is stale: the lookup goes on, and
      the stage's new result takes the entry's place);
-  3. the other nodes' object stores (peers.py: NOTE [ dpex Cache Across Hosts ]), the
-     entry then kept in this node's store where it has room;
+  3. the other nodes' object stores (peers.py: NOTE [ dpex Cache Across Hosts ]), and
+     their hosts' disks through their owners (disk_index.py: NOTE [ dpex Cache Disk
+     Across Hosts ]), the entry then kept in this node's store where it has room;
   4. a miss: the stage runs between two snapshots of the generators, recording what it
      reads, and its result is admitted to every tier that has room (policy.py:
      admitted once, never evicted), unless reading back was measured to cost more than
@@ -209,6 +210,11 @@ class Space:
                       if self.memory is not None else None)
         # The folder is checked, and expired, as a process opens its first tier in it.
         self.disk = disk.open_tier(options, name, label) if options.disk_bytes > 0 else None
+        if self.memory is not None and self.disk is not None and self.disk.limit > 0:
+            # Its owner serves this host's disk entries to the other hosts' processes
+            # (NOTE [ dpex Cache Disk Across Hosts ]), as this process reads theirs.
+            self.memory.serve_disk(self.disk.path, options.disk_shared_with_group)
+            self.peers.folder_id = self.disk.folder_id()
 
     def refresh(self, sent: dict[str, int]) -> None:
         """An epoch's start: ``sent``, the entries sent to this namespace's owners by node."""
@@ -251,6 +257,8 @@ class Space:
             value = entries.unpack(stored)
             reads.add(stored.files)  # a stage computing around this hit read them too
             self.counters[counter] += 1
+            if tier is self.peers and tier.last_from_disk:
+                self.counters["peer_disk_hits"] += 1
             self.counters["read_s"] += time.perf_counter() - started
             self.hits += 1
             if tier is not self.memory:
