@@ -9,6 +9,7 @@ import pickle
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -135,6 +136,24 @@ def test_attributes_beside_objects_classes_and_functions_count_by_their_values()
     assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(), None) == base
     assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(size=256), None) != base
     assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(shape=(3, 32, 33)),
+                                 None) != base
+
+
+class _WithALock(_WithObjects):
+    """A lock beside the values, in the dataset and in an object of its: pickle refuses
+    the lock, and the values still count."""
+
+    def __init__(self, size=224, shape=(3, 32, 32)):
+        super().__init__(size, shape)
+        self.lock = threading.Lock()
+        self.transform.lock = threading.Lock()
+
+
+def test_attributes_beside_what_pickle_refuses_count_by_their_values():
+    base = fingerprint.namespace(_WithALock.load.fn, _WithALock(), None)
+    assert fingerprint.namespace(_WithALock.load.fn, _WithALock(), None) == base
+    assert fingerprint.namespace(_WithALock.load.fn, _WithALock(size=256), None) != base
+    assert fingerprint.namespace(_WithALock.load.fn, _WithALock(shape=(3, 32, 33)),
                                  None) != base
 
 

@@ -258,6 +258,9 @@ class _Reach:
             self.libraries.add(top)
 
 
+_PARTS_AT_ONCE = 256  # of a value pickle refused, its parts pickled together at most
+
+
 class _ReachingPickler(pickle.Pickler):
     """Pickles a value for its digest, and follows the functions, classes and modules in
     it (a class by the class, never by an import: it may be one shipped by value)."""
@@ -267,14 +270,43 @@ class _ReachingPickler(pickle.Pickler):
         self._walk = walk
 
     @classmethod
-    def digest(cls, value: Any, walk: _Reach) -> bytes:
+    def digest(cls, value: Any, walk: _Reach, depth: int = 8) -> bytes:
         sink = _HashSink()
         try:
             cls(sink, walk).dump(canonical(value))
-        except Exception:  # a lock, a socket: by its type
+        except Exception:  # a lock, a socket somewhere in it
+            return cls._by_parts(value, walk, depth)
+        return sink.hash.digest()
+
+    @classmethod
+    def _by_parts(cls, value: Any, walk: _Reach, depth: int) -> bytes:
+        """The digest of a value pickle refused, from its parts, so that a lock in one
+        attribute leaves the others counting: a container's members, an object's
+        attributes; what refuses itself counts by its type."""
+        if isinstance(value, dict):
+            parts: Any = sorted(value.items(), key=lambda item: repr(item[0]))
+        elif isinstance(value, (list, tuple)):
+            parts = value
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            walk.klass(type(value))
+            parts = (f"object {type(value).__name__}",
+                     sorted(vars(value).items(), key=lambda item: str(item[0])))
+        else:
+            parts = None
+        if parts is None or depth == 0:
             walk.klass(type(value))
             return f"unpicklable {type(value).__name__}".encode()
-        return sink.hash.digest()
+        digest = hashlib.blake2b(type(value).__name__.encode(), digest_size=16)
+        parts = list(parts)
+        for start in range(0, len(parts), _PARTS_AT_ONCE):  # a long list: few pickles
+            chunk = parts[start:start + _PARTS_AT_ONCE]
+            whole = cls.digest(chunk, walk, 0) if len(chunk) > 1 else b"unpicklable"
+            if not whole.startswith(b"unpicklable"):
+                digest.update(whole)
+                continue
+            for part in chunk:
+                digest.update(cls.digest(part, walk, depth - 1))
+        return digest.digest()
 
     def reducer_override(self, obj: Any) -> Any:
         if obj is _token:  # the callable of the reductions below: by its name, as pickle
