@@ -128,17 +128,6 @@ class _WithObjects:
         return self.transform.size * i + self.shape[2]
 
 
-def test_attributes_beside_objects_classes_and_functions_count_by_their_values():
-    # Once, a class or function in the state made its pickling recurse without end: the
-    # state digested as "unpicklable", and a changed size or shape kept the namespace,
-    # and its entries, computed with the old one.
-    base = fingerprint.namespace(_WithObjects.load.fn, _WithObjects(), None)
-    assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(), None) == base
-    assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(size=256), None) != base
-    assert fingerprint.namespace(_WithObjects.load.fn, _WithObjects(shape=(3, 32, 33)),
-                                 None) != base
-
-
 class _WithALock(_WithObjects):
     """A lock beside the values, in the dataset and in an object of its: pickle refuses
     the lock, and the values still count."""
@@ -149,12 +138,15 @@ class _WithALock(_WithObjects):
         self.transform.lock = threading.Lock()
 
 
-def test_attributes_beside_what_pickle_refuses_count_by_their_values():
-    base = fingerprint.namespace(_WithALock.load.fn, _WithALock(), None)
-    assert fingerprint.namespace(_WithALock.load.fn, _WithALock(), None) == base
-    assert fingerprint.namespace(_WithALock.load.fn, _WithALock(size=256), None) != base
-    assert fingerprint.namespace(_WithALock.load.fn, _WithALock(shape=(3, 32, 33)),
-                                 None) != base
+@pytest.mark.parametrize("dataset", [_WithObjects, _WithALock])
+def test_attributes_beside_objects_and_what_pickle_refuses_count_by_their_values(dataset):
+    # Once, a class or function in the state made its pickling recurse without end, and a
+    # value pickle refuses failed it whole: the state digested as "unpicklable", and a
+    # changed size or shape kept the namespace, and its entries, computed with the old one.
+    base = fingerprint.namespace(dataset.load.fn, dataset(), None)
+    assert fingerprint.namespace(dataset.load.fn, dataset(), None) == base
+    assert fingerprint.namespace(dataset.load.fn, dataset(size=256), None) != base
+    assert fingerprint.namespace(dataset.load.fn, dataset(shape=(3, 32, 33)), None) != base
 
 
 class _Subclassed(_Files):
