@@ -23,6 +23,9 @@ does not wait: the samples' bits are the same), so that the loop waits on its da
 0.05 s training step a batch (with ``--wait-at 1 --ready MINE --go OTHER``, two such jobs
 meet before going on). ``--torch-mode``: ``distribute_mode=False``.
 
+``--sigterm-handler``: a SIGTERM handler that logs and stops the loop, as a
+preemption-aware script has; the script then prints ``{"stopped": true}`` and exits 0.
+
 ``--save-at N --state PATH``: after batch N of epoch 0, save the loader's ``state_dict()``
 and the batches so far to PATH and exit; ``--resume --state PATH``: load that state first,
 and compare the batches saved and the ones after them with torch's epochs.
@@ -33,6 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
+import threading
 import time
 
 import torch
@@ -65,11 +71,19 @@ def wait_points(spec: str | None) -> list[tuple[int, int]]:
     return points
 
 
+STOP = threading.Event()  # set by --sigterm-handler's handler
+
+
+def stop_on_sigterm(signum, frame) -> None:
+    print("SIGTERM: stopping the loop", file=sys.stderr, flush=True)
+    STOP.set()
+
+
 def hold(args, k: int) -> None:
     """At the ``k``-th wait point: say so, then wait until the test lets the job go on."""
     suffix = f".{k}" if k else ""
     open(args.ready + suffix, "w").close()
-    while not os.path.exists(args.go + suffix):
+    while not os.path.exists(args.go + suffix) and not STOP.is_set():
         time.sleep(0.05)
 
 
@@ -83,6 +97,8 @@ def epochs(loader, count: int, args) -> tuple[list, list]:
             time.sleep(getattr(args, "step_s", 0.0))  # the training step
             if (epoch, len(batches)) in points:
                 hold(args, points.index((epoch, len(batches))))
+            if STOP.is_set():
+                return out, seconds
         out.append(batches)
         seconds.append(time.monotonic() - started)
     return out, seconds
@@ -110,6 +126,7 @@ def main() -> None:
     parser.add_argument("--state")
     parser.add_argument("--share")
     parser.add_argument("--torch-mode", action="store_true")
+    parser.add_argument("--sigterm-handler", action="store_true")
     args = parser.parse_args()
     options = dict(batch_size=4, shuffle=True, num_workers=4)
     mode = dict(distribute_mode=not args.torch_mode)
@@ -141,7 +158,12 @@ def main() -> None:
         saved = torch.load(args.state, weights_only=True)
         loader.load_state_dict(saved["loader"])
         before = saved["batches"]
+    if args.sigterm_handler:
+        signal.signal(signal.SIGTERM, stop_on_sigterm)
     got, seconds = epochs(loader, args.epochs, args)
+    if STOP.is_set():
+        print(json.dumps({"stopped": True}), flush=True)
+        return
     got[0] = before + got[0]  # the epoch the state was saved in, whole
     equal = [len(e) == len(g) and all(torch.equal(a, b) for x, y in zip(e, g)
                                       for a, b in zip(x, y))

@@ -199,13 +199,13 @@ def test_a_host_that_joins_takes_work_and_one_that_leaves_hands_it_back_with_tor
                       sorted(h.address for h in bed.hosts), 60), _alive(bed, "nodes", "node_ip")
 
 
-def _train_until_batch_5(bed) -> tuple[int, pathlib.Path]:
-    """A 2-epoch training job on host 0, held at its 5th batch: the job, and the file that
-    lets it go on."""
+def _train_until_batch_5(bed, *args: str) -> tuple[int, pathlib.Path]:
+    """A 2-epoch training job on host 0 (``args`` besides), held at its 5th batch: the
+    job, and the file that lets it go on."""
     for name in ("ready", "go"):
         pathlib.Path(bed.hosts[0].path(f"/tmp/{name}")).unlink(missing_ok=True)
     job = _train(bed, "--epochs", "2", "--wait-at", "5", "--ready", "/tmp/ready", "--go",
-                 "/tmp/go")  # in host 0's own /tmp
+                 "/tmp/go", *args)  # in host 0's own /tmp
     ready, go = (pathlib.Path(bed.hosts[0].path(f"/tmp/{n}")) for n in ("ready", "go"))
     _held(bed, job, ready)
     return job, go
@@ -220,16 +220,23 @@ def _parent(pid: int) -> int:
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
-def test_a_trainer_killed_mid_epoch_leaves_no_worker_on_any_host(bed):
+@pytest.mark.parametrize("ending", ["sigkill", "sigterm-handler"])
+def test_a_trainer_killed_mid_epoch_leaves_no_worker_on_any_host(bed, ending):
     """A trainer SIGKILLed mid-epoch (the OOM killer, a preemption past its grace): no
-    exit hook of dpex's runs, and still no worker actor or process is left on any host,
-    and nothing of the script on host 0."""
-    job, _ = _train_until_batch_5(bed)
+    exit hook of dpex's runs; or SIGTERMed with a handler that logs and stops the loop (a
+    preemption-aware script, as Lightning's is), which then exits 0 through its exit
+    hooks. Either way no worker actor or process is left on any host, and nothing of the
+    script on host 0."""
+    handler = ending == "sigterm-handler"
+    job, _ = _train_until_batch_5(bed, *(["--sigterm-handler"] if handler else []))
     assert any(_worker_processes(host) for host in bed.hosts[1:])
     scripts = [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)]
     (script,) = [pid for pid in scripts if _parent(pid) not in scripts]  # not a fork of it
-    os.kill(script, 9)
-    assert bed.hosts[0].wait(job, 60)[0] == 128 + 9
+    os.kill(script, 15 if handler else 9)
+    rc, out, err = bed.hosts[0].wait(job, 60)
+    assert rc == (0 if handler else 128 + 9), err[-3000:]
+    if handler:
+        assert json.loads(out.strip().splitlines()[-1]) == {"stopped": True}, out
     from helpers import wait_until
 
     assert wait_until(lambda: not any(_worker_processes(h) for h in bed.hosts), 60), \
