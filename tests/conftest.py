@@ -102,6 +102,27 @@ class Job:
             self._proc.wait()
 
 
+_SHORT_TEMP_DIRS: list[str] = []
+
+
+def short_temp_dir() -> str:
+    """A new folder directly under /tmp (Ray's socket paths under a RAY_TMPDIR must stay
+    short), removed when the test session ends: by then every Ray that a script started
+    there has stopped (an embedded Ray's helper stops its daemons after the script exits)."""
+    folder = tempfile.mkdtemp(prefix="dpx", dir="/tmp")
+    _SHORT_TEMP_DIRS.append(folder)
+    return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _short_temp_dirs_are_removed():
+    yield
+    import shutil
+
+    for folder in _SHORT_TEMP_DIRS:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def free_port() -> int:
     import socket
 

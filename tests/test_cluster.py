@@ -8,11 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
-from conftest import SRC_DIR, TESTS_DIR, free_port, user_env
+from conftest import SRC_DIR, TESTS_DIR, free_port, short_temp_dir, user_env
 from helpers import alive_actor_count, wait_until
 
 PRELUDE = """
@@ -37,8 +36,7 @@ def run_script(body: str, timeout: float = 120, stderr: list | None = None) -> l
     (as on a fresh machine).
     """
     code = PRELUDE + textwrap.dedent(body)
-    ray_tmp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's socket paths
-    env = user_env(PYTHONPATH=f"{TESTS_DIR}:{SRC_DIR}", RAY_TMPDIR=ray_tmp)
+    env = user_env(PYTHONPATH=f"{TESTS_DIR}:{SRC_DIR}", RAY_TMPDIR=short_temp_dir())
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=TESTS_DIR)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import warnings
 
 import pytest
@@ -19,7 +18,7 @@ import ray
 import torch
 
 import dpex
-from conftest import user_env
+from conftest import short_temp_dir, user_env
 from dpex.share import keys
 from helpers import (
     REFERENCE_CONTEXT,
@@ -281,7 +280,7 @@ def test_a_new_ray_session_takes_nothing_of_the_last_ones_stream(tmp_path):
     script.write_text(SESSIONS)
     tests = os.path.dirname(os.path.abspath(__file__))
     env = user_env(PYTHONPATH=f"{tests}:{os.path.join(os.path.dirname(tests), 'src')}",
-                   RAY_TMPDIR=tempfile.mkdtemp(prefix="dpx", dir="/tmp"))
+                   RAY_TMPDIR=short_temp_dir())
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=240, env=env, cwd=tests)
     assert proc.returncode == 0, proc.stderr[-3000:]
