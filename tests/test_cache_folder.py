@@ -22,7 +22,7 @@ from dpex.cache.disk import DiskTier
 from dpex.cache.private_folder import CacheFolderError, checked_folder, default_folder_in
 
 from cache_datasets import Decoded
-from conftest import TESTS_DIR, user_env
+from conftest import TESTS_DIR, short_temp_dir, user_env
 
 
 OTHER = 1234  # a uid (and gid) that is not the test's user
@@ -295,20 +295,15 @@ def test_a_job_whose_default_folder_another_user_made_first_warns_and_keeps_out(
     """On a shared machine another user made ``dpex-cache-<user>`` in the temporary folder
     before this user's first job: the job runs, with torch's bits and a warning that names
     the folder, and writes nothing into it."""
-    import shutil
-
     from dpex.cache.options import default_name
 
-    temp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's sockets live under it
-    try:
-        os.chmod(temp, 0o1777)  # as /tmp is
-        theirs = _folder(os.path.join(temp, default_name()), 0o777, owner=(OTHER, OTHER))
-        job = subprocess.run([sys.executable, "-c", DEFAULT_JOB.format(tests=TESTS_DIR)],
-                             capture_output=True, text=True, env=user_env(TMPDIR=temp),
-                             timeout=240)
-        assert job.returncode == 0, job.stderr[-3000:]
-        assert "torch's bits" in job.stdout
-        assert "runs without its disk tier" in job.stderr and theirs in job.stderr
-        assert os.listdir(theirs) == []
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    temp = short_temp_dir()  # Ray's sockets live under it
+    os.chmod(temp, 0o1777)  # as /tmp is
+    theirs = _folder(os.path.join(temp, default_name()), 0o777, owner=(OTHER, OTHER))
+    job = subprocess.run([sys.executable, "-c", DEFAULT_JOB.format(tests=TESTS_DIR)],
+                         capture_output=True, text=True, env=user_env(TMPDIR=temp),
+                         timeout=240)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "torch's bits" in job.stdout
+    assert "runs without its disk tier" in job.stderr and theirs in job.stderr
+    assert os.listdir(theirs) == []

@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from conftest import USER_SHELL_ENV, Job, free_port, user_env
+from conftest import USER_SHELL_ENV, Job, free_port, short_temp_dir, user_env
 from dpex.ray_session import auth
 
 pytestmark = pytest.mark.cluster
@@ -530,8 +530,7 @@ def test_cluster_of_another_python_version(cluster):
 
     site = os.path.dirname(os.path.dirname(ray.__file__))
     port = free_port()
-    ray_tmp = tempfile.mkdtemp(prefix="dpx", dir="/tmp")  # short: Ray's socket paths
-    env = user_env(PYTHONPATH=site, RAY_TMPDIR=ray_tmp)  # its own record, not the user's
+    env = user_env(PYTHONPATH=site, RAY_TMPDIR=short_temp_dir())  # its own record, not the user's
     procs = RayStart()
     try:
         # A second head beside the fixture's: Ray 2.60 binds the dashboard's port even with
@@ -546,4 +545,3 @@ def test_cluster_of_another_python_version(cluster):
         assert_fails_fast(out, address, "on Python", "same versions")
     finally:
         procs.stop()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
