@@ -11,6 +11,7 @@ script joins a cluster, and their batches are compared with torch's own loader.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import sys
 import threading
@@ -46,10 +47,11 @@ def head():
     cluster.stop()
 
 
-def reference(dataset, **kwargs) -> list:
+def reference(dataset, count: int | None = None, **kwargs) -> list:
+    """torch's batches (its first ``count`` when given)."""
     loader = torch.utils.data.DataLoader(dataset, generator=torch.Generator().manual_seed(3),
                                          multiprocessing_context=REFERENCE_CONTEXT, **kwargs)
-    return list(loader)
+    return list(itertools.islice(loader, count))
 
 
 def node_types(head) -> list[str]:
@@ -80,14 +82,18 @@ def dpex_actors() -> list[str]:
             if a["name"].startswith("dpex")]
 
 
-@pytest.mark.slow  # 45 s on 2 cores: the autoscaler adds a node, then removes it
+@pytest.mark.slow  # 60-75 s on 2 cores: the autoscaler adds a node, then removes it
 def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
     """Phase 1: the loop takes batches as fast as they come: one process cannot keep up, the
     loader asks for a second and the autoscaler adds a node for it. Phase 2: the loop
-    computes 0.1 s per batch: one process is enough, the ask drops to one and the node
+    computes 0.2 s per batch: one process is enough, the ask drops to one and the node
     the retired process left goes. Between the two, one of the nodes is lost mid-epoch.
-    After the loader: nothing asked, no dpex actor, no node."""
-    dataset = SleepyAugmented(4 * 500, delay=0.004)
+    The loader is deleted mid-epoch: nothing asked, no dpex actor, no node after it.
+
+    The epoch is longer than the test reads (1,500 batches): on a loaded machine the nodes
+    come and go at Ray's pace, and the phases end on what they wait for, not on the epoch's
+    end. The batches read are compared with torch's first as many."""
+    dataset = SleepyAugmented(4 * 1500, delay=0.004)
     kwargs = dict(batch_size=4, num_workers=2, shuffle=True)
     options = dpex.WorkerOptions(autoscale=dpex.Autoscale(min_processes=1, max_processes=2,
                                                           window_s=1.0))
@@ -102,20 +108,26 @@ def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
         if loader.stats().processes == 2 and peak_nodes == 2 and loader.stats().moves:
             break
     grown_at = len(batches)
+    assert peak_nodes == 2 and loader.stats().processes == 2, (grown_at, loader.stats())
     # A node lost mid-epoch (a preempted machine): its worker continues on the other node.
     lost = max(node for node in stats_nodes(loader) if node in added_nodes(head))
     assert head.kill_node(lost)
+    asked = None
     for batch in iterator:  # phase 2: the loop no longer waits; until the ask and a node drop
         batches.append(batch)
-        time.sleep(0.1)
+        time.sleep(0.2)  # 5 batches/s: one process keeps up even on a loaded machine
         asked = loader.stats().cluster_requests[-1].processes
         if (asked == 1 and head.node_count() == 1) or len(batches) > grown_at + 250:
             break
+    # The ask has dropped; the nodes follow at Ray's pace: the lost node is declared dead once
+    # its heartbeats are missed, the retired process's node goes once idle IDLE_TIMEOUT_S.
+    # On a loaded machine that can outlast the batches left, so wait for it with the loop
+    # paused (a paused loop does not starve: the ask stays as it is).
+    if asked == 1:
+        wait_until(lambda: head.node_count() == 1, 60)
     shrunk_nodes, shrunk = head.node_count(), loader.stats()
-    batches += list(iterator)  # (the rest of the epoch starves again: it may ask again)
-    stats = loader.stats()
-    assert_batches_equal(reference(dataset, **kwargs), batches)
-    assert peak_nodes == 2 and stats.worker_restarts >= 1
+    assert_batches_equal(reference(dataset, len(batches), **kwargs), batches)
+    assert shrunk.worker_restarts >= 1
     asks = [(r.processes, r.cpus) for r in shrunk.cluster_requests]
     assert asks[:2] == [(1, 1.0), (2, 2.0)], shrunk.cluster_requests  # no node, then starving
     assert shrunk_nodes == 1 and asks[-1] == (1, 1.0), (shrunk_nodes, shrunk.scaling_events)
