@@ -82,7 +82,7 @@ def dpex_actors() -> list[str]:
             if a["name"].startswith("dpex")]
 
 
-@pytest.mark.slow  # 60-75 s on 2 cores: the autoscaler adds a node, then removes it
+@pytest.mark.slow  # 45-75 s on 2 cores: the autoscaler adds a node, then removes it
 def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
     """Phase 1: the loop takes batches as fast as they come: one process cannot keep up, the
     loader asks for a second and the autoscaler adds a node for it. Phase 2: the loop
