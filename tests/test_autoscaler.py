@@ -88,7 +88,8 @@ def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
     loader asks for a second and the autoscaler adds a node for it. Phase 2: the loop
     computes 0.2 s per batch: one process is enough, the ask drops to one and the node
     the retired process left goes. Between the two, one of the nodes is lost mid-epoch.
-    The loader is deleted mid-epoch: nothing asked, no dpex actor, no node after it.
+    Then 100 batches as fast as they come (it may ask again), and the loader is deleted
+    mid-epoch: nothing asked, no dpex actor, no node after it.
 
     The epoch is longer than the test reads (1,500 batches): on a loaded machine the nodes
     come and go at Ray's pace, and the phases end on what they wait for, not on the epoch's
@@ -126,6 +127,7 @@ def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
     if asked == 1:
         wait_until(lambda: head.node_count() == 1, 60)
     shrunk_nodes, shrunk = head.node_count(), loader.stats()
+    batches += itertools.islice(iterator, 100)  # the loop starves again: it may ask again
     assert_batches_equal(reference(dataset, len(batches), **kwargs), batches)
     assert shrunk.worker_restarts >= 1
     asks = [(r.processes, r.cpus) for r in shrunk.cluster_requests]
