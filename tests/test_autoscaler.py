@@ -27,7 +27,11 @@ from conftest import Job
 from helpers import REFERENCE_CONTEXT, SleepyAugmented, assert_batches_equal, wait_until
 from test_ddp import TESTS_DIR, hermetic_env
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
+# All of it in make test-slow: each test waits for the autoscaler to add real raylets (and
+# most to remove them), 10-75 s a test on 2 cores beside the head's own start. The default
+# tier keeps the growth policy (test_growth_policy.py) and the loop-following processes
+# (test_elastic.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]
 
 IDLE_TIMEOUT_S = 5  # the autoscaler removes a node idle this long
 
@@ -82,7 +86,7 @@ def dpex_actors() -> list[str]:
             if a["name"].startswith("dpex")]
 
 
-@pytest.mark.slow  # 45-75 s on 2 cores: the autoscaler adds a node, then removes it
+# 45-75 s on 2 cores: the autoscaler adds a node, then removes it
 def test_a_starving_loop_grows_the_cluster_and_gives_it_back(head):
     """Phase 1: the loop takes batches as fast as they come: one process cannot keep up, the
     loader asks for a second and the autoscaler adds a node for it. Phase 2: the loop
@@ -197,7 +201,6 @@ def test_two_ddp_ranks_make_one_request(head, tmp_path):
     assert wait_until(lambda: asked_bundles() == [], 30)
 
 
-@pytest.mark.slow  # 25-45 s of the default tier: make test-slow
 @pytest.mark.parametrize("end", ["exit", "sigkill"])
 def test_a_script_that_grew_the_cluster_leaves_no_actor_and_no_ask(head, end):
     """A training script that joined the autoscaling cluster and asked it for nodes, ended

@@ -222,6 +222,7 @@ def test_an_unused_cache_expires_after_its_ttl(ray_local, tmp_path):
     assert wait_until(gone, timeout=15)
 
 
+@pytest.mark.slow  # five runs of the `dpex cache` command, each a fresh process (20-30 s)
 def test_dpex_cache_ls_and_rm(ray_local, tmp_path):
     folder = str(tmp_path / "disk")
     _dpex_epochs(Decoded(16), 1, dpex.Cache(disk_dir=folder, memory_share=0.0))

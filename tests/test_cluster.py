@@ -195,6 +195,9 @@ expected = [list(torch_loader) for _ in range(2)]  # two epochs of persistent wo
 """
 
 
+# A cluster started in a fresh interpreter (15-30 s): make test-slow. The default tier keeps a
+# user's session shut down and opened again, the warm pool forgetting its processes (above).
+@pytest.mark.slow
 def test_notebook_life_the_embedded_ray_then_a_cluster():
     """A notebook: a loader on the embedded Ray, ``ray.shutdown()``, ``ray.init(address=...)``
     to a cluster, a new loader; then the first (persistent) loader's next epoch, there."""

@@ -5,6 +5,7 @@ both ranks load on one shared Ray, and the batches are bitwise those of torch's 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,11 +13,20 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("lightning")
+if importlib.util.find_spec("lightning") is None:
+    pytest.skip("Lightning is not installed", allow_module_level=True)
 
 from helpers import assert_batches_equal  # noqa: E402
-from lightning_script import EPOCHS, NUM_SAMPLES, WORLD_SIZE  # noqa: E402
 from test_ddp import TESTS_DIR, hermetic_env  # noqa: E402
+
+
+def job():
+    """tests/lightning_script.py, for its sizes: imported when a test runs, not when the suite
+    is collected (it imports Lightning: about 4 s of CPU in each pytest process)."""
+    import lightning_script
+
+    return lightning_script
+
 
 pytestmark = pytest.mark.ray
 
@@ -28,7 +38,7 @@ def run(tmp_path_factory) -> tuple[list[dict], list[dict]]:
     proc = subprocess.run(command, env=hermetic_env(), capture_output=True, text=True,
                           timeout=280, cwd=out)
     assert proc.returncode == 0, f"Lightning failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(job().WORLD_SIZE)]
     ranks[0]["logged"] = list(csv.DictReader(open(out / "logs" / "version_0" / "metrics.csv")))
     return ranks, torch.load(out / "torch.pt")
 
@@ -38,7 +48,7 @@ def test_injection_keeps_the_dpex_loader_and_its_options(run):
     for rank, r in enumerate(ranks):
         for loader, shuffle in zip(r["loaders"], (True, False)):
             assert loader["type"] == "DataLoader" and loader["sampler"] == "DistributedSampler"
-            assert loader["sampler_args"] == [WORLD_SIZE, rank, shuffle, 0, False]
+            assert loader["sampler_args"] == [job().WORLD_SIZE, rank, shuffle, 0, False]
             assert loader["distribute_mode"] is True and loader["head_address"] is None
             assert loader["options_kept"]
 
@@ -51,13 +61,13 @@ def test_both_ranks_load_on_one_ray(run):
 @pytest.mark.parametrize("stage", ["train", "val"])
 def test_every_sample_once_per_epoch_bitwise_as_torch(run, stage):
     ranks, expected = run
-    per_rank = NUM_SAMPLES // WORLD_SIZE
+    per_rank = job().NUM_SAMPLES // job().WORLD_SIZE
     for r, torch_batches in zip(ranks, expected):
         assert_batches_equal(torch_batches[stage], r[stage], stage)
-    for epoch in range(EPOCHS):
+    for epoch in range(job().EPOCHS):
         seen = [int(i) for r in ranks
                 for i in torch.cat([b["y"] for b in r[stage]])[epoch * per_rank:][:per_rank]]
-        assert sorted(seen) == list(range(NUM_SAMPLES)), f"{stage} epoch {epoch}"
+        assert sorted(seen) == list(range(job().NUM_SAMPLES)), f"{stage} epoch {epoch}"
 
 
 def test_data_stall_callback_logs_each_epochs_stall_and_rate(run):
@@ -66,7 +76,7 @@ def test_data_stall_callback_logs_each_epochs_stall_and_rate(run):
     ranks, _ = run
     prefix = f"dpex/{ranks[0]['train_name']}/"
     rows = [row for row in ranks[0]["logged"] if row.get(prefix + "batches_per_s")]
-    assert len(rows) == EPOCHS, ranks[0]["logged"]
+    assert len(rows) == job().EPOCHS, ranks[0]["logged"]
     for row in rows:
         stall, wait = float(row[prefix + "stall_fraction"]), float(row[prefix + "wait_fraction"])
         assert 0 <= stall <= wait <= 1, row

@@ -332,6 +332,9 @@ def test_explicit_address_joins(cluster):
     assert_ran_on_both_nodes(train(cluster, f"--head-address={cluster['address']}"))
 
 
+# Two runs on the far node (20-30 s): make test-slow. The default tier keeps a shipped module
+# imported for real where the project is not (test_user_code.py), and both nodes used here.
+@pytest.mark.slow
 def test_users_module_reaches_workers_on_a_node_without_the_project(cluster):
     if not cluster["hidden"]:
         pytest.skip("no private mount namespace here (unshare): cannot hide the project")
@@ -386,6 +389,9 @@ def test_torchrun_ranks_share_the_cluster_through_ray_address(cluster):
     assert all(len(r["nodes"]) == 2 for r in ranks)  # spread over the head and the far node
 
 
+# A 2-rank Lightning job (20-30 s): make test-slow. The default tier keeps torchrun's ranks
+# joining this cluster (above) and Lightning's DDP ranks sharing one Ray (test_lightning.py).
+@pytest.mark.slow
 def test_lightning_ddp_ranks_join_the_running_cluster(cluster):
     pytest.importorskip("lightning")
     project = cluster["project"]

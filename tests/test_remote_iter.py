@@ -203,6 +203,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a whole program with a Ray session of its own (15-25 s): make test-slow
 def test_torchs_workers_forked_with_a_dpex_iterator_as_garbage_do_not_hang(tmp_path):
     """A dpex iterator left in a reference cycle is forked into torch's workers with the
     rest of the trainer's memory; collected there, it must not call the trainer's Ray

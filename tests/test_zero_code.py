@@ -202,6 +202,10 @@ def test_dpex_run_moves_an_unmodified_scripts_loader_to_ray(tmp_path):
     assert patched["batches"] == plain["batches"]  # floats printed exactly: the same bits
 
 
+# Two Lightning processes (15-25 s): make test-slow. The default tier keeps `dpex run` of an
+# unmodified script (above) and Lightning's own hook asking for a dpex loader
+# (test_lightning.py).
+@pytest.mark.slow
 def test_dpex_run_under_lightning_which_asks_the_module_for_its_loader(tmp_path):
     pytest.importorskip("lightning")
     plain, patched = run_both(tmp_path, LIGHTNING_SCRIPT)
