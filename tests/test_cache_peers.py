@@ -20,7 +20,7 @@ from dpex.cache.owner import RAY_NAMESPACE, CacheOwner, owner_name
 from dpex.cache.memory import MemoryTier
 from dpex.cache.peers import PeerTier
 from dpex.cache.policy import CostModel
-from dpex.cache.sent import STILL_S, OwnerLag, SentTally
+from dpex.cache.sent import STILL_S, OwnerCounts, OwnerLag, SentTally
 
 NAMESPACE = "test-cache-peers"
 OTHER = "f" * 56  # a node id no node has
@@ -28,18 +28,36 @@ OTHER = "f" * 56  # a node id no node has
 
 # ---------------------------------------------------------------- pure: the tally, the lag
 
-def test_the_tally_sums_what_each_node_was_sent_by_namespace():
+def test_the_tally_sums_what_each_node_was_sent_and_written_by_namespace():
     tally = SentTally()
     assert tally.snapshot() is None
     tally.add("a", {"ns": {"memory_admitted": 3, "misses": 5}})
     tally.add("a", {"ns": {"memory_admitted": 2}, "other": {"misses": 1}})
-    tally.add("b", {"ns": {"memory_admitted": 1}})
+    tally.add("b", {"ns": {"memory_admitted": 1, "disk_admitted": 4}})
     tally.add(None, {"ns": {"memory_admitted": 9}})  # no node: not a Ray process's
     tally.add("b", None)
+    tally.add("c", {"disk-only": {"disk_admitted": 2}})
     snapshot = tally.snapshot()
-    assert snapshot == {"ns": {"a": 5, "b": 1}}
-    snapshot["ns"]["a"] = 0  # a copy: a worker's is its own
-    assert tally.snapshot() == {"ns": {"a": 5, "b": 1}}
+    assert snapshot.keys() == {"ns", "disk-only"}
+    assert (snapshot["ns"].sent, snapshot["ns"].written) == ({"a": 5, "b": 1}, {"b": 4})
+    assert (snapshot["disk-only"].sent, snapshot["disk-only"].written) == ({}, {"c": 2})
+    snapshot["ns"].sent["a"] = 0  # a copy: a worker's is its own
+    assert tally.snapshot()["ns"].sent == {"a": 5, "b": 1}
+
+
+def test_a_disk_mark_changes_with_what_the_trainer_saw_written_and_names_the_trainer():
+    """NOTE [ dpex Cache Sent Counts ]: the mark an owner scans again for."""
+    tally, other_trainer = SentTally(), SentTally()
+    for each in (tally, other_trainer):
+        each.add("b", {"ns": {"disk_admitted": 4, "memory_admitted": 1}})
+    first = tally.snapshot()["ns"]
+    assert first.disk_mark("a") is None  # nothing written there: no scan asked for
+    assert first.disk_mark("b") == tally.snapshot()["ns"].disk_mark("b")  # nothing new
+    assert first.disk_mark("b") != other_trainer.snapshot()["ns"].disk_mark("b")
+    tally.add("b", {"ns": {"memory_admitted": 1}})
+    assert tally.snapshot()["ns"].disk_mark("b") == first.disk_mark("b")  # not the disk's
+    tally.add("b", {"ns": {"disk_admitted": 1}})
+    assert tally.snapshot()["ns"].disk_mark("b") != first.disk_mark("b")
 
 
 def test_an_owner_is_waited_for_while_it_is_behind_and_its_count_grows():
@@ -111,14 +129,15 @@ def test_entries_sent_before_the_epoch_but_received_after_its_first_answer_are_f
     owner = owners(OTHER)
     _put(owner, range(2))
     here = ray_local.get_runtime_context().get_node_id()
-    peers = PeerTier(here, NAMESPACE, CostModel(), 2**26, expected={OTHER: 10})
+    peers = PeerTier(here, NAMESPACE, CostModel(), 2**26,
+                     expected=OwnerCounts(sent={OTHER: 10}))
     late = _later(0.3, _put, owner, range(2, 10))
     started = time.monotonic()
     assert torch.equal(_value(peers.get("k9")), torch.full((4,), 9.0))
     assert time.monotonic() - started < 5
     late.join()
     # The next epoch: nothing more was sent, so a key none holds is not waited for.
-    peers.refresh({OTHER: 10})
+    peers.refresh(OwnerCounts(sent={OTHER: 10}))
     started = time.monotonic()
     assert disk.is_miss(peers.get("nowhere"))
     assert time.monotonic() - started < 2
@@ -129,7 +148,8 @@ def test_an_owner_that_will_never_have_what_was_sent_is_waited_for_a_second(ray_
     owner = owners(OTHER)
     _put(owner, range(2))
     here = ray_local.get_runtime_context().get_node_id()
-    peers = PeerTier(here, NAMESPACE, CostModel(), 2**26, expected={OTHER: 10})
+    peers = PeerTier(here, NAMESPACE, CostModel(), 2**26,
+                     expected=OwnerCounts(sent={OTHER: 10}))
     started = time.monotonic()
     assert disk.is_miss(peers.get("k9"))
     assert time.monotonic() - started < STILL_S + 2

@@ -104,19 +104,22 @@ class CacheOwner:
         return (len(self._blocks), [[ref] for ref in self._blocks[since:]], self._budget.full,
                 self._received)
 
-    def keys(self, since: int, disk_since: int | None = None) -> tuple:
+    def keys(self, since: int, disk_since: int | None = None,
+             disk_mark: str | None = None) -> tuple:
         """For a process on another node (peers.py: NOTE [ dpex Cache Across Hosts ]): the
         blocks after the first ``since`` as ([reference], their keys, their size), without
         their bytes; the entries received; and, where ``disk_since`` is given, the number of
         disk entries listed, those after the first ``disk_since`` that are not in a block,
-        and the ids of the disk folders (NOTE [ dpex Cache Disk Across Hosts ])."""
+        and the ids of the disk folders (NOTE [ dpex Cache Disk Across Hosts ]): scanned
+        again at once for a ``disk_mark`` not scanned for yet (NOTE [ dpex Cache Sent
+        Counts ])."""
         self._last_use = time.time()
         self._seal()
         blocks = [([ref], keys, size) for ref, keys, size in
                   zip(self._blocks[since:], self._block_keys[since:], self._block_bytes[since:])]
         if disk_since is None:
             return len(self._blocks), blocks, self._received
-        self._disk.scan(self._keys)  # NOTE [ dpex Cache Disk Across Hosts ]
+        self._disk.scan(self._keys, mark=disk_mark)  # NOTE [ dpex Cache Disk Across Hosts ]
         listed = self._disk.keys
         return (len(self._blocks), blocks, self._received, len(listed),
                 [key for key in listed[disk_since:] if key not in self._keys], self._disk.ids)

@@ -55,7 +55,7 @@ from dpex.cache import disk, entries
 from dpex.cache.options import user
 from dpex.cache.owner import RAY_NAMESPACE, block_parts, owner_node
 from dpex.cache.policy import CostModel, pull_pays
-from dpex.cache.sent import ASK_AGAIN_S, OwnerLag
+from dpex.cache.sent import ASK_AGAIN_S, OwnerCounts, OwnerLag
 
 _FIRST_SYNC_S = 10.0  # the longest a lookup waits for the other owners' keys, from the ask
 # After how many keys none listed to ask again: the first after an epoch's start, then
@@ -85,9 +85,10 @@ class _Peer:
         self.disk_seen = 0  # its host's disk entries listed so far
         self.disk_keys: list[str] = []  # those not in a block when listed, in order
 
-    def question(self) -> Any:
-        """Ask the owner for what it has that this process has not listed."""
-        self.asked = self.handle.keys.remote(self.seen, self.disk_seen)
+    def question(self, disk_mark: str | None) -> Any:
+        """Ask the owner for what it has that this process has not listed (``disk_mark``:
+        NOTE [ dpex Cache Sent Counts ])."""
+        self.asked = self.handle.keys.remote(self.seen, self.disk_seen, disk_mark)
         return self.asked
 
 
@@ -97,7 +98,7 @@ class PeerTier:
     full = True  # it keeps nothing of its own: what it reads goes to this node's owner
 
     def __init__(self, node: str, name: str, cost: CostModel, limit: int,
-                 expected: dict[str, int] | None = None) -> None:
+                 expected: OwnerCounts | None = None) -> None:
         self._node, self._name = node, name
         self._cost = cost  # the stage's measurements in this process (runtime.Space's)
         self._limit = limit  # bytes of other nodes' blocks read in place at most
@@ -109,7 +110,7 @@ class PeerTier:
         self._unlisted = 0  # keys none listed since the last question
         self._ask_after = _ASK_AFTER[0]
         self._read_s: list[float] = []  # seconds per entry read from another node
-        self._expected: dict[str, int] = {}  # node -> entries sent to its owner (sent.py)
+        self._expected = OwnerCounts()  # what each node's owner and disk were handed (sent.py)
         self.folder_id = ""  # this node's disk folder's: another owner's with it is skipped
         self._held: dict[str, tuple[str, bytes]] = {}  # key -> (node, file) read ahead
         self._held_bytes = 0
@@ -119,14 +120,14 @@ class PeerTier:
 
     # ------------------------------------------------------------------ the index
 
-    def refresh(self, expected: dict[str, int] | None = None) -> None:
+    def refresh(self, expected: OwnerCounts | None = None) -> None:
         """At an epoch's start: find the namespace's owners on other nodes, and ask each
         for the keys it has that this process has not listed. ``expected``: the entries
-        the trainer knows were sent to each node's owner (NOTE [ dpex Cache Sent
-        Counts ])."""
+        the trainer knows were sent to each node's owner, and written to its disk (NOTE
+        [ dpex Cache Sent Counts ])."""
         import ray
 
-        self._expected = dict(expected or {})
+        self._expected = expected or OwnerCounts()
 
         for actor in ray.util.list_named_actors(all_namespaces=True):
             name = actor["name"]
@@ -148,9 +149,9 @@ class PeerTier:
         place of a question asked before the last epoch's end, whose answer lists only
         what that owner had then); the questions sent."""
         sent = []
-        for peer in self._peers.values():
+        for node, peer in self._peers.items():
             if peer.asked is None or afresh:
-                sent.append(peer.question())
+                sent.append(peer.question(self._expected.disk_mark(node)))
                 if afresh:  # what it said last epoch is no news of this one
                     peer.received = None
         return sent
@@ -231,18 +232,19 @@ class PeerTier:
         was sent (NOTE [ dpex Cache Sent Counts ]); until ``key`` is listed, or ``due``."""
         import ray
 
-        lags = {node: OwnerLag(self._expected.get(node)) for node in self._peers}
+        lags = {node: OwnerLag(self._expected.sent.get(node)) for node in self._peers}
         self.poll(max(0.0, due - time.monotonic()))
         while key not in self._index and time.monotonic() < due:
             now = time.monotonic()
-            behind = [peer for node, peer in self._peers.items()
+            behind = [(node, peer) for node, peer in self._peers.items()
                       if lags[node].behind(peer.received, now)]
             if not behind:
                 return
             time.sleep(ASK_AGAIN_S)
             sent = []
-            for peer in behind:
-                sent.append(peer.question() if peer.asked is None else peer.asked)
+            for node, peer in behind:
+                sent.append(peer.question(self._expected.disk_mark(node))
+                            if peer.asked is None else peer.asked)
             ray.wait(sent, num_returns=len(sent), timeout=max(0.0, due - time.monotonic()))
             self.poll()
 

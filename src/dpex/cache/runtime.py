@@ -61,6 +61,7 @@ from dpex.cache.policy import (
     CostModel,
 )
 from dpex.cache.rng_guard import RngSnapshot
+from dpex.cache.sent import OwnerCounts
 
 _ACTIVE: CacheRuntime | None = None
 _SETTLE_S = 1.5  # the longest a process that goes back to its pool or ends waits for its
@@ -96,14 +97,15 @@ def settle(timeout_s: float) -> None:
         _ACTIVE.settle(timeout_s)
 
 
-def refresh(sent: dict[str, dict[str, int]] | None = None) -> None:
+def refresh(sent: dict[str, OwnerCounts] | None = None) -> None:
     """At an epoch's start: read the owners' latest entries (a short wait), so that this
-    epoch's first lookups find what the last one stored. ``sent``: the entries the trainer
-    knows each namespace's owners were sent, by node (NOTE [ dpex Cache Sent Counts ])."""
+    epoch's first lookups find what the last one stored. ``sent``: by namespace, the
+    entries the trainer knows its owners were sent and its disk tiers handed, by node
+    (NOTE [ dpex Cache Sent Counts ])."""
     if _ACTIVE is not None:
         _ACTIVE.sent = sent or {}
         for name, space in _ACTIVE._spaces.items():
-            space.refresh(_ACTIVE.sent.get(name, {}))
+            space.refresh(_ACTIVE.sent.get(name, OwnerCounts()))
 
 
 class CacheRuntime:
@@ -112,7 +114,7 @@ class CacheRuntime:
         self._spaces: dict[str, Space] = {}
         self._namespaces: dict[tuple[int, int], tuple[Any, str]] = {}
         self._node_id: str | None = None
-        self.sent: dict[str, dict[str, int]] = {}  # as the epoch's start said (refresh)
+        self.sent: dict[str, OwnerCounts] = {}  # as the epoch's start said (refresh)
 
     def call(self, stage: Any, owner: Any, args: tuple, kwargs: dict) -> Any:
         space = self._space(stage, owner)
@@ -202,8 +204,8 @@ class Space:
         self._stale: set[str] = set()  # keys whose entry a changed file made stale
         self.cost = CostModel()
         self._node = runtime.node_id() if runtime.use_ray else None
-        sent = runtime.sent.get(name, {})
-        self.memory = (MemoryTier(self._node, name, label, options, sent.get(self._node))
+        sent = runtime.sent.get(name, OwnerCounts())
+        self.memory = (MemoryTier(self._node, name, label, options, sent.sent.get(self._node))
                        if runtime.use_ray and options.memory_share > 0 else None)
         # The other nodes' owners (NOTE [ dpex Cache Across Hosts ]): where this one is.
         self.peers = (PeerTier(self._node, name, self.cost, self.memory.limit, sent)
@@ -216,10 +218,11 @@ class Space:
             self.memory.serve_disk(self.disk.path, options.disk_shared_with_group)
             self.peers.folder_id = self.disk.folder_id()
 
-    def refresh(self, sent: dict[str, int]) -> None:
-        """An epoch's start: ``sent``, the entries sent to this namespace's owners by node."""
+    def refresh(self, sent: OwnerCounts) -> None:
+        """An epoch's start: ``sent``, what this namespace's owners and disk tiers were
+        handed, by node."""
         if self.memory is not None:
-            self.memory.refresh(sent.get(self._node))
+            self.memory.refresh(sent.sent.get(self._node))
             self.peers.refresh(sent)
 
     def decision(self) -> str:

@@ -1,5 +1,5 @@
-"""How many entries each node's cache owner was sent, as the trainer knows it, and whether
-an owner's answer is behind that (pure, no Ray).
+"""How many entries each node's cache owner was sent, and each host's disk tier handed, as
+the trainer knows it, and whether an owner's answer is behind that (pure, no Ray).
 
 NOTE [ dpex Cache Sent Counts ]
 
@@ -24,34 +24,70 @@ has stood still for ``STILL_S``: the sender died with its sends, or the owner wa
 and counts from 0 again; waiting longer would find nothing. Sends the trainer has not
 seen (another trainer's, with ``share=``) are not waited for; their entries come as they
 came before, through the asks again after unlisted keys.
+
+The disk entries an owner serves to other hosts have no such count: its host's workers
+write them to a folder, and the owner finds them by scanning it, no more often than its
+CPU bound allows (NOTE [ dpex Cache Disk Across Hosts ]). So the trainer also sums
+``disk_admitted`` by namespace and node, and each question names it with the trainer's
+id (``OwnerCounts.disk_mark``): an owner asked with a mark it has not scanned for scans
+again at once, whatever its bound. A mark changes only when the trainer has seen more of
+that host's entries, so this is one scan per owner an epoch at most (and one a worker
+started mid-epoch), and it comes after the writes it counts: a task's entries are written
+before its result goes back, within ``_SETTLE_S`` (runtime.py, ``take_counters``).
 """
 
 from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
 
 ASK_AGAIN_S = 0.02  # how often an owner that is behind is asked again
 STILL_S = 1.0  # an owner whose count has not grown for this long is waited for no more
 
 
+@dataclass(frozen=True)
+class OwnerCounts:
+    """One namespace's counts as a worker gets them: by node, the entries sent to its owner
+    (``sent``) and handed to its host's disk tier (``written``), by the trainer ``trainer``."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    trainer: str = ""
+
+    def disk_mark(self, node: str) -> str | None:
+        """What a question to ``node``'s owner names (see the NOTE): None before the trainer
+        has seen any entry written there."""
+        written = self.written.get(node)
+        return f"{self.trainer}:{written}" if written else None
+
+
 class SentTally:
-    """The entries sent to each (namespace, node)'s owner, by the tasks whose results the
-    trainer received."""
+    """The entries sent to each (namespace, node)'s owner, and written to each (namespace,
+    node)'s disk tier, by the tasks whose results the trainer received."""
 
     def __init__(self) -> None:
         self._sent: dict[str, dict[str, int]] = {}
+        self._written: dict[str, dict[str, int]] = {}
+        self._trainer = uuid.uuid4().hex[:16]
 
     def add(self, node: str | None, counters: dict[str, dict] | None) -> None:
         """A task's cache counters (``runtime.take_counters``), made on ``node``."""
         if node is None or not counters:
             return
         for name, counts in counters.items():
-            admitted = counts.get("memory_admitted", 0)
-            if admitted:
-                nodes = self._sent.setdefault(name, {})
-                nodes[node] = nodes.get(node, 0) + admitted
+            for tally, counter in ((self._sent, "memory_admitted"),
+                                   (self._written, "disk_admitted")):
+                admitted = counts.get(counter, 0)
+                if admitted:
+                    nodes = tally.setdefault(name, {})
+                    nodes[node] = nodes.get(node, 0) + admitted
 
-    def snapshot(self) -> dict[str, dict[str, int]] | None:
-        """A copy to send to a worker: {namespace: {node: entries sent}}; None if none."""
-        return {name: dict(nodes) for name, nodes in self._sent.items()} or None
+    def snapshot(self) -> dict[str, OwnerCounts] | None:
+        """A copy to send to a worker: {namespace: its counts}; None if none."""
+        names = self._sent.keys() | self._written.keys()
+        return {name: OwnerCounts(dict(self._sent.get(name, {})),
+                                  dict(self._written.get(name, {})), self._trainer)
+                for name in names} or None
 
 
 class OwnerLag:

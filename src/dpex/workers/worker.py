@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from dpex.cache import runtime as cache_runtime
+from dpex.cache.sent import OwnerCounts
 from dpex.compat import clear_worker_info, set_worker_info
 from dpex.epoch.position import (
     WorkerPosition,
@@ -148,7 +149,7 @@ class Worker:
         resume: WorkerPosition | None = None,
         replay: list[Any] | None = None,
         niceness: int | None = None,
-        cache_sent: dict[str, dict[str, int]] | None = None,
+        cache_sent: dict[str, OwnerCounts] | None = None,
     ) -> tuple[str, int, bool]:
         """Host a fresh logical worker ``worker_id``; answer ``ready()`` and whether the
         requested ``niceness`` could not be set (lowering it needs privileges).
@@ -169,7 +170,7 @@ class Worker:
         worker_id: int,
         resume: WorkerPosition | None,
         replay: list[Any] | None,
-        cache_sent: dict[str, dict[str, int]] | None = None,
+        cache_sent: dict[str, OwnerCounts] | None = None,
     ) -> None:
         """Args:
         dataset: this worker's replica. config: the loader's settings. worker_id: 0..N-1.
@@ -265,7 +266,7 @@ class Worker:
 
     def reset_epoch(self, worker_id: int | None = None,
                     finish: WorkerPosition | None = None,
-                    cache_sent: dict[str, dict[str, int]] | None = None) -> None:
+                    cache_sent: dict[str, OwnerCounts] | None = None) -> None:
         """Start a new epoch with a persistent worker: a fresh iterator, RNG state kept.
         ``worker_id``: that logical worker; None: every one this process hosts.
         ``finish``: the replica was restored to this position of an epoch that ended: first
