@@ -19,7 +19,7 @@ from dpex.cache.options import Cache, user
 from dpex.cache.owner import RAY_NAMESPACE, CacheOwner, owner_name
 from dpex.cache.memory import MemoryTier
 from dpex.cache.peers import PeerTier
-from dpex.cache.policy import CostModel
+from dpex.cache.policy import MIN_SAMPLES, CostModel
 from dpex.cache.sent import STILL_S, OwnerCounts, OwnerLag, SentTally
 
 NAMESPACE = "test-cache-peers"
@@ -119,6 +119,21 @@ def test_another_nodes_entry_is_read_and_a_key_none_holds_is_a_miss(ray_local, o
                      2**26)
     assert torch.equal(_value(peers.get("k3")), torch.full((4,), 3.0))
     assert disk.is_miss(peers.get("nowhere"))
+
+
+def test_reads_that_cost_more_than_computing_stop_for_the_epoch_and_are_measured_again(
+        ray_local, owners):
+    """NOTE [ dpex Cache Across Hosts ]: reads measured dearer than the stage (a busy
+    moment) make this process compute instead, for that epoch; the next measures again."""
+    owner = owners(OTHER)
+    _put(owner, range(10))
+    cost = CostModel()
+    cost.compute_s.extend([0.001] * MIN_SAMPLES)  # the stage: 1 ms
+    peers = PeerTier(ray_local.get_runtime_context().get_node_id(), NAMESPACE, cost, 2**26)
+    peers._read_s.extend([1.0] * MIN_SAMPLES)  # its first reads: 1 s each
+    assert disk.is_miss(peers.get("k3"))  # held there, but computed here
+    peers.refresh()  # the next epoch
+    assert torch.equal(_value(peers.get("k3")), torch.full((4,), 3.0))
 
 
 def test_entries_sent_before_the_epoch_but_received_after_its_first_answer_are_found(

@@ -38,6 +38,10 @@ the other nodes (``PeerTier``), after its own node's tiers:
   its read out of the block) and stops asking once the mean exceeds its stage's median
   compute time (``policy.pull_pays``). Charged whole to the hit that made it, a pull of a
   few blocks (33-70 ms on a loaded 2-core machine) stopped every process after 8 hits.
+  It stops for the epoch, and measures again at the next one's start (``refresh``):
+  stopped for good, a process whose first reads a busy moment slowed (Ray starting
+  processes beside it, another job) computed again each sample another node held for
+  the rest of its life, with persistent workers the whole job's.
 * A node that leaves takes its owner and entries with it, and only those: a peer whose
   block or answer fails to arrive (``_GET_TIMEOUT_S``) is dropped with all its keys, and
   its samples are computed again here, with the same bits.
@@ -141,6 +145,7 @@ class PeerTier:
                 continue
         self._ask(afresh=True)
         self._read_this_epoch = set()
+        self._read_s = []  # measured again each epoch: see the NOTE
         self._index_due = time.monotonic() + _FIRST_SYNC_S if self._peers else None
         self._unlisted, self._ask_after = 0, _ASK_AFTER[0]
 
