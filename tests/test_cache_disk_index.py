@@ -67,21 +67,22 @@ def test_scans_take_a_bounded_share_of_the_owners_time(tmp_path):
     assert disk_index.scan_spacing(1.0) == 1.0 / disk_index._SCAN_SHARE  # 1 s in 20
 
 
-def test_a_question_with_a_new_mark_is_answered_from_a_fresh_scan(tmp_path):
+def test_a_question_with_a_higher_count_is_answered_from_a_fresh_scan(tmp_path):
     """NOTE [ dpex Cache Sent Counts ]: an epoch's first question comes within the scans'
-    bound of the last one, after the last epoch's entries were written: the mark the
-    trainer's count makes scans at once, once."""
+    bound of the last one, after the last epoch's entries were written: the higher count
+    the trainer's mark names makes the owner scan at once, once."""
     index = DiskIndex()
     index.add(_folder(tmp_path, ["a"]), False, checked_folder)
-    index.scan(set(), mark="trainer:1")
+    index.scan(set(), mark=("trainer", 1))
     (tmp_path / "cache" / "ns" / "b").write_bytes(b"b")
     index.scan(set())  # within the bound, no mark: the listing stays as it was
-    index.scan(set(), mark="trainer:1")  # a mark scanned for already: as it was
+    index.scan(set(), mark=("trainer", 1))  # a count scanned for already: as it was
     assert index.keys == ["a"]
-    index.scan(set(), mark="trainer:2")  # the trainer saw more written: scanned now
+    index.scan(set(), mark=("trainer", 2))  # the trainer saw more written: scanned now
     assert index.keys == ["a", "b"]
     (tmp_path / "cache" / "ns" / "c").write_bytes(b"c")
-    index.scan(set(), mark="trainer:2")  # the next processes of that epoch: within bound
+    index.scan(set(), mark=("trainer", 2))  # the next processes of that epoch: within bound
+    index.scan(set(), mark=("trainer", 1))  # a process begun earlier, asking in turns
     assert index.keys == ["a", "b"]
-    index.scan(set(), mark="another-trainer:2")  # another trainer's (share=): its own
+    index.scan(set(), mark=("another-trainer", 2))  # another trainer's (share=): its own
     assert index.keys == ["a", "b", "c"]

@@ -19,7 +19,7 @@ from dpex.cache.options import Cache, user
 from dpex.cache.owner import RAY_NAMESPACE, CacheOwner, owner_name
 from dpex.cache.memory import MemoryTier
 from dpex.cache.peers import PeerTier
-from dpex.cache.policy import MIN_SAMPLES, CostModel
+from dpex.cache.policy import MIN_SAMPLES, PULL_SAMPLES, CostModel
 from dpex.cache.sent import STILL_S, OwnerCounts, OwnerLag, SentTally
 
 NAMESPACE = "test-cache-peers"
@@ -52,12 +52,13 @@ def test_a_disk_mark_changes_with_what_the_trainer_saw_written_and_names_the_tra
         each.add("b", {"ns": {"disk_admitted": 4, "memory_admitted": 1}})
     first = tally.snapshot()["ns"]
     assert first.disk_mark("a") is None  # nothing written there: no scan asked for
-    assert first.disk_mark("b") == tally.snapshot()["ns"].disk_mark("b")  # nothing new
-    assert first.disk_mark("b") != other_trainer.snapshot()["ns"].disk_mark("b")
+    trainer, written = first.disk_mark("b")
+    assert written == 4 and tally.snapshot()["ns"].disk_mark("b") == (trainer, 4)
+    assert other_trainer.snapshot()["ns"].disk_mark("b")[0] != trainer
     tally.add("b", {"ns": {"memory_admitted": 1}})
-    assert tally.snapshot()["ns"].disk_mark("b") == first.disk_mark("b")  # not the disk's
+    assert tally.snapshot()["ns"].disk_mark("b") == (trainer, 4)  # not the disk's
     tally.add("b", {"ns": {"disk_admitted": 1}})
-    assert tally.snapshot()["ns"].disk_mark("b") != first.disk_mark("b")
+    assert tally.snapshot()["ns"].disk_mark("b") == (trainer, 5)
 
 
 def test_an_owner_is_waited_for_while_it_is_behind_and_its_count_grows():
@@ -130,7 +131,7 @@ def test_reads_that_cost_more_than_computing_stop_for_the_epoch_and_are_measured
     cost = CostModel()
     cost.compute_s.extend([0.001] * MIN_SAMPLES)  # the stage: 1 ms
     peers = PeerTier(ray_local.get_runtime_context().get_node_id(), NAMESPACE, cost, 2**26)
-    peers._read_s.extend([1.0] * MIN_SAMPLES)  # its first reads: 1 s each
+    peers._read_s.extend([1.0] * PULL_SAMPLES)  # its first reads: 1 s each
     assert disk.is_miss(peers.get("k3"))  # held there, but computed here
     peers.refresh()  # the next epoch
     assert torch.equal(_value(peers.get("k3")), torch.full((4,), 3.0))

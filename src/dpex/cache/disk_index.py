@@ -25,8 +25,8 @@ sample whose batch went there was computed again on every host in turn.
   hosts' processes computed them again: on the bed (tests/test_hosts.py, disk alone),
   346 stage calls for 192 samples with the scans held 3 s apart. So a question names
   what the trainer counted was written on the owner's host (NOTE [ dpex Cache Sent
-  Counts ]), and the owner scans at once for a mark it has not scanned for: one scan an
-  epoch, whatever the bound (192 calls then, with the scans 3 s apart too).
+  Counts ]), and the owner scans at once for a count higher than it has scanned for: one
+  scan an epoch, whatever the bound (192 calls then, with the scans 3 s apart too).
 * A process that misses its own tiers on a key another host has on its disk alone asks
   that host's owner for the entry's file (``DiskIndex.read``), with up to
   ``peers._DISK_BATCH - 1`` more of that host's disk entries it has not read, in one call,
@@ -70,7 +70,7 @@ class DiskIndex:
         self.keys: list[str] = []  # in the order found
         self._where: dict[str, str] = {}  # key -> its folder
         self._next_scan = 0.0
-        self._mark: str | None = None  # the last question's mark a scan was made for
+        self._scanned_for: dict[str, int] = {}  # trainer -> the highest count scanned for
 
     def add(self, path: str, group: bool, check: object) -> None:
         """A namespace folder a process of this node writes: read from once ``check`` (the
@@ -93,15 +93,17 @@ class DiskIndex:
         self.ids.append(folder_id)
         self._next_scan = 0.0
 
-    def scan(self, skip: set[str], mark: str | None = None) -> None:
+    def scan(self, skip: set[str], mark: tuple[str, int] | None = None) -> None:
         """List the entries added to the folders since the last scan, but those in
         ``skip`` (in the owner's blocks); not sooner than the NOTE's bound, unless asked
-        with a ``mark`` not scanned for yet (NOTE [ dpex Cache Sent Counts ])."""
+        with a ``mark`` (trainer, entries written) whose count is higher than any scanned
+        for that trainer (NOTE [ dpex Cache Sent Counts ])."""
         now = time.monotonic()
-        if now < self._next_scan and (mark is None or mark == self._mark):
+        fresh = mark is not None and mark[1] > self._scanned_for.get(mark[0], 0)
+        if now < self._next_scan and not fresh:
             return
-        if mark is not None:
-            self._mark = mark
+        if fresh:
+            self._scanned_for[mark[0]] = mark[1]
         started = time.perf_counter()
         for folder in self.folders:
             try:

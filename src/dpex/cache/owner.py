@@ -105,14 +105,14 @@ class CacheOwner:
                 self._received)
 
     def keys(self, since: int, disk_since: int | None = None,
-             disk_mark: str | None = None) -> tuple:
+             disk_mark: tuple[str, int] | None = None) -> tuple:
         """For a process on another node (peers.py: NOTE [ dpex Cache Across Hosts ]): the
         blocks after the first ``since`` as ([reference], their keys, their size), without
         their bytes; the entries received; and, where ``disk_since`` is given, the number of
         disk entries listed, those after the first ``disk_since`` that are not in a block,
         and the ids of the disk folders (NOTE [ dpex Cache Disk Across Hosts ]): scanned
-        again at once for a ``disk_mark`` not scanned for yet (NOTE [ dpex Cache Sent
-        Counts ])."""
+        again at once for a ``disk_mark`` higher than any scanned for (NOTE [ dpex Cache
+        Sent Counts ])."""
         self._last_use = time.time()
         self._seal()
         blocks = [([ref], keys, size) for ref, keys, size in

@@ -36,8 +36,9 @@ the other nodes (``PeerTier``), after its own node's tiers:
 * A pull that costs more than computing is not worth it. A process measures what an entry
   read from another node costs (its share of the pull that brought it, by entries, and
   its read out of the block) and stops asking once the mean exceeds its stage's median
-  compute time (``policy.pull_pays``). Charged whole to the hit that made it, a pull of a
-  few blocks (33-70 ms on a loaded 2-core machine) stopped every process after 8 hits.
+  compute time (``policy.pull_pays``), over its first 32 entries read. Charged whole to
+  the hit that made it, a pull of a few blocks (33-70 ms on a loaded 2-core machine)
+  stopped every process after 8 hits; and a mean of 8 let one slow call decide.
   It stops for the epoch, and measures again at the next one's start (``refresh``):
   stopped for good, a process whose first reads a busy moment slowed (Ray starting
   processes beside it, another job) computed again each sample another node held for
@@ -89,7 +90,7 @@ class _Peer:
         self.disk_seen = 0  # its host's disk entries listed so far
         self.disk_keys: list[str] = []  # those not in a block when listed, in order
 
-    def question(self, disk_mark: str | None) -> Any:
+    def question(self, disk_mark: tuple[str, int] | None) -> Any:
         """Ask the owner for what it has that this process has not listed (``disk_mark``:
         NOTE [ dpex Cache Sent Counts ])."""
         self.asked = self.handle.keys.remote(self.seen, self.disk_seen, disk_mark)

@@ -29,11 +29,13 @@ The disk entries an owner serves to other hosts have no such count: its host's w
 write them to a folder, and the owner finds them by scanning it, no more often than its
 CPU bound allows (NOTE [ dpex Cache Disk Across Hosts ]). So the trainer also sums
 ``disk_admitted`` by namespace and node, and each question names it with the trainer's
-id (``OwnerCounts.disk_mark``): an owner asked with a mark it has not scanned for scans
-again at once, whatever its bound. A mark changes only when the trainer has seen more of
-that host's entries, so this is one scan per owner an epoch at most (and one a worker
-started mid-epoch), and it comes after the writes it counts: a task's entries are written
-before its result goes back, within ``_SETTLE_S`` (runtime.py, ``take_counters``).
+id (``OwnerCounts.disk_mark``): an owner asked with a higher count of that trainer's than
+any it has scanned for scans again at once, whatever its bound. The count grows only when
+the trainer has seen more of that host's entries, so this is one scan per owner an epoch
+at most (and one a worker started mid-epoch: questions with its count and the older one
+may come in turns, and only the first of the higher forces a scan), and it comes after
+the writes it counts: a task's entries are written before its result goes back, within
+``_SETTLE_S`` (runtime.py, ``take_counters``).
 """
 
 from __future__ import annotations
@@ -54,11 +56,11 @@ class OwnerCounts:
     written: dict[str, int] = field(default_factory=dict)
     trainer: str = ""
 
-    def disk_mark(self, node: str) -> str | None:
-        """What a question to ``node``'s owner names (see the NOTE): None before the trainer
-        has seen any entry written there."""
+    def disk_mark(self, node: str) -> tuple[str, int] | None:
+        """What a question to ``node``'s owner names (see the NOTE): (the trainer, the
+        entries it saw written there); None before it saw any."""
         written = self.written.get(node)
-        return f"{self.trainer}:{written}" if written else None
+        return (self.trainer, written) if written else None
 
 
 class SentTally:
