@@ -204,11 +204,11 @@ class Space:
         self._stale: set[str] = set()  # keys whose entry a changed file made stale
         self.cost = CostModel()
         self._node = runtime.node_id() if runtime.use_ray else None
-        sent = runtime.sent.get(name, OwnerCounts())
-        self.memory = (MemoryTier(self._node, name, label, options, sent.sent.get(self._node))
+        counts = runtime.sent.get(name, OwnerCounts())
+        self.memory = (MemoryTier(self._node, name, label, options, counts.sent.get(self._node))
                        if runtime.use_ray and options.memory_share > 0 else None)
         # The other nodes' owners (NOTE [ dpex Cache Across Hosts ]): where this one is.
-        self.peers = (PeerTier(self._node, name, self.cost, self.memory.limit, sent)
+        self.peers = (PeerTier(self._node, name, self.cost, self.memory.limit, counts)
                       if self.memory is not None else None)
         # The folder is checked, and expired, as a process opens its first tier in it.
         self.disk = disk.open_tier(options, name, label) if options.disk_bytes > 0 else None
@@ -218,12 +218,12 @@ class Space:
             self.memory.serve_disk(self.disk.path, options.disk_shared_with_group)
             self.peers.folder_id = self.disk.folder_id()
 
-    def refresh(self, sent: OwnerCounts) -> None:
-        """An epoch's start: ``sent``, what this namespace's owners and disk tiers were
+    def refresh(self, counts: OwnerCounts) -> None:
+        """An epoch's start: ``counts``, what this namespace's owners and disk tiers were
         handed, by node."""
         if self.memory is not None:
-            self.memory.refresh(sent.sent.get(self._node))
-            self.peers.refresh(sent)
+            self.memory.refresh(counts.sent.get(self._node))
+            self.peers.refresh(counts)
 
     def decision(self) -> str:
         if self.unseen:
