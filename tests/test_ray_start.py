@@ -129,6 +129,7 @@ else:
 NICEDATA = '''
 import os
 import torch
+import dpex
 
 def _niceness_of_threads():
     return sorted({os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")})
@@ -142,12 +143,21 @@ class Pids(torch.utils.data.Dataset):
         return 8
     def __getitem__(self, i):
         return torch.tensor([os.getpid(), min(AT_IMPORT), max(AT_IMPORT)])
+
+class Cached(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+    @dpex.cached
+    def stage(self, i):
+        return torch.tensor([i])
+    def __getitem__(self, i):
+        return self.stage(i)
 '''
 
 TRAIN_NICENESS = '''
 import json, os, subprocess
 import dpex
-from nicedata import Pids
+from nicedata import Cached, Pids
 
 def run(niceness):
     loader = dpex.DataLoader(Pids(), batch_size=2, num_workers=2, distribute_mode=True,
@@ -160,8 +170,18 @@ def run(niceness):
             "at_import": sorted({n for _, lo, hi in rows for n in (lo, hi)}),
             "threads": [t for t in threads if int(t[0]) in pids]}
 
+def services():
+    # dpex's own actors, alive here: a shared stream's hub and the cache's owner.
+    loader = dpex.DataLoader(Cached(), batch_size=2, num_workers=2, distribute_mode=True,
+                             share="niceness")
+    assert len(list(loader)) == 4 and loader.stats().share["stops"] == []
+    from ray.util.state import list_actors
+    return sorted((a.class_name, os.getpriority(os.PRIO_PROCESS, a.pid))
+                  for a in list_actors(filters=[("state", "=", "ALIVE")])
+                  if a.class_name in ("StreamHub", "CacheOwner"))
+
 print(json.dumps({"trainer": os.getpriority(os.PRIO_PROCESS, 0),
-                  "trainers": run("trainer"), "five": run(5)}))
+                  "trainers": run("trainer"), "five": run(5), "services": services()}))
 '''
 
 TRAIN_DDP = '''
@@ -367,6 +387,10 @@ def test_every_thread_of_a_worker_runs_at_the_niceness_asked_for_from_its_start(
         assert not off, f"{name}: threads not at niceness {niceness}: {off}"
         assert not run["denied"], run
     assert out["trainers"]["at_import"] == [out["trainer"]], out["trainers"]["at_import"]
+    # dpex's own actors answer the loop: they start at the trainer's niceness too (at 15,
+    # beside six busy loops on 2 cores, a stream's hub took 3 minutes to answer).
+    assert {name for name, _ in out["services"]} == {"CacheOwner", "StreamHub"}, out
+    assert {niceness for _, niceness in out["services"]} == {out["trainer"]}, out["services"]
 
 
 def test_torchrun_ranks_share_the_cluster_through_ray_address(cluster):

@@ -239,6 +239,7 @@ def owner_for(user: str, namespace: str, stage: str, node_id: str, limit: int,
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dpex.cache import disk_index, policy
+    from dpex.ray_session import start_priority
 
     by_value = (sys.modules[__name__], policy, disk_index, private_folder)
     for module in by_value:  # NOTE [ dpex Cache Owner ]
@@ -246,5 +247,6 @@ def owner_for(user: str, namespace: str, stage: str, node_id: str, limit: int,
     actor = ray.remote(CacheOwner).options(
         name=owner_name(user, namespace, node_id), namespace=RAY_NAMESPACE,
         lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        **start_priority.service_options())
     return actor.remote(namespace, stage, limit, ttl_s)

@@ -56,7 +56,7 @@ import ray
 
 from dpex import compat
 from dpex.elastic.growth_policy import Ask, bundle_for, merged, processes_within
-from dpex.ray_session import session_handles
+from dpex.ray_session import session_handles, start_priority
 
 _BOARD_NAME = "dpex-cluster-requests"
 _NAMESPACE = "dpex"
@@ -132,7 +132,7 @@ def _board() -> Any:
         _handle = _RequestBoard.options(
             name=_BOARD_NAME, namespace=_NAMESPACE, get_if_exists=True, lifetime="detached",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
-        ).remote()
+            **start_priority.service_options()).remote()
     return _handle
 
 

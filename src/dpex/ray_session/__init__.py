@@ -24,7 +24,7 @@ Who answers
 
   * ``session_handles.py``: Ray handles never reach a later Ray session (NOTE [ dpex
     Handles Stay in Their Ray Session ]); ``cluster.py``: what the cluster reports of its
-    object stores.
+    object stores; ``start_priority.py``: the niceness dpex's Ray processes start at.
 
   The modules import each other in that order only (join, embedded, rules, ranks,
   rank_store), and none imports the loader: nothing here climbs back. May import: the

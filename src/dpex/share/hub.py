@@ -230,9 +230,11 @@ def hub_for(user: str, name: str, window_bytes: int, node_id: str | None) -> Any
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from dpex.ray_session import start_priority
+
     options: dict[str, Any] = dict(
         name=hub_name(user, name), namespace=RAY_NAMESPACE, get_if_exists=True,
-        num_cpus=0, max_restarts=0)
+        num_cpus=0, max_restarts=0, **start_priority.service_options())
     if node_id is not None:  # beside the trainer, where it can be
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=True)
     return ray.remote(StreamHub).options(**options).remote(name, window_bytes)

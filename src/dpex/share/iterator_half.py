@@ -77,7 +77,7 @@ class Sharing:
         stream = self._share
         if stream.hub is None:  # a local start's first claim on Ray
             self._attach_hub()
-        if not stream.usable():  # the hub did not start
+        if not stream.usable(self._options.start_timeout_s):  # the hub did not start
             return slot in self._stop_sharing(stream.stops[-1])
         key = self._share_keys.get(tasks[0][0])
         if key is None:  # not one of this epoch's keyed tasks: go on alone, in order

@@ -21,7 +21,8 @@ from dpex.cache.options import user
 from dpex.ray_session import session_handles
 from dpex.share.hub import hub_for
 
-# How long a loader waits, once, for its stream's hub to answer before it goes on alone.
+# How long a claim waits for the hub's answer before the loader goes on alone. The hub's
+# first answer waits as long as a worker process may take to start (``usable``).
 _ATTACH_TIMEOUT_S = 30.0
 
 
@@ -65,16 +66,17 @@ class SharedStream:
         session_handles.keep(self.hub, self._attached)
         self.lost("its Ray session ended")
 
-    def usable(self) -> bool:
-        """The hub answered: wait for it once (a new hub starts in about a second; one
-        that does not answer within ``_ATTACH_TIMEOUT_S`` is given up). A loader that
-        resembles one of the stream's but differs is warned once, naming how: its keys
-        differ, so it makes its own batches."""
+    def usable(self, start_timeout_s: float = _ATTACH_TIMEOUT_S) -> bool:
+        """The hub answered: wait for it once. A new hub starts in about a second on a quiet
+        node; it is a process that imports torch, as a worker's is, so it gets a worker's
+        ``start_timeout_s`` (on 2 cores at load 14 its start took over 30 s) and is given up
+        after that. A loader that resembles one of the stream's but differs is warned once,
+        naming how: its keys differ, so it makes its own batches."""
         if self.differs is None:
             if self._attached is None:
                 return False
             try:
-                self.differs = ray.get(self._attached, timeout=_ATTACH_TIMEOUT_S)
+                self.differs = ray.get(self._attached, timeout=start_timeout_s)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
                 self.lost(f"its hub did not start ({type(exc).__name__})")
                 return False

@@ -41,7 +41,8 @@ class WorkerOptions:
         start_timeout_s: how long to wait for a worker process to start. A process still
             starting then is given up, and its logical workers go on in a process that has
             started; if none has, the loader fails with an error that says what was asked
-            and what the cluster has.
+            and what the cluster has. A shared stream's hub (``share=``) gets as long to
+            answer before the loader goes on without it.
         max_task_retries: how many times one batch may take its worker down before the loader
             gives up on it as a poison batch.
         ray_options: other ``actor.options(...)`` arguments, e.g. ``runtime_env`` (its
@@ -145,22 +146,11 @@ class WorkerOptions:
         return self.niceness
 
     def startup_niceness(self) -> dict[str, str]:
-        """The environment that starts a worker process at ``target_niceness()``, on a
-        cluster dpex did not start (the embedded Ray starts its workers there already).
+        """The environment that starts a worker process at ``target_niceness()`` (see
+        ``dpex.ray_session.start_priority``). ``Worker.begin`` still sets every thread."""
+        from dpex.ray_session import start_priority
 
-        Ray's core worker lowers its own priority by ``RAY_worker_niceness`` (15 unless the
-        node was started with another) as it starts, before any of dpex's code runs; with
-        the trainer's niceness in the actor's environment it starts there. On a core shared
-        with a normal-priority process, a worker at 15 took 80-100 s to import Python, Ray
-        and torch, against 11 s (benchmarks/records/scaleout-findings.md). ``Worker.begin`` still sets
-        every thread: the variable is relative to the node's own niceness.
-        """
-        from dpex import ray_session
-
-        niceness = self.target_niceness()
-        if niceness is None or ray_session.owns_ray_session():
-            return {}
-        return {"RAY_worker_niceness": str(niceness)}
+        return start_priority.env_vars(self.target_niceness())
 
     def actor_options(self, node_id: str | None) -> dict[str, Any]:
         """``.options(...)`` for one worker actor, pinned to ``node_id`` when given."""
