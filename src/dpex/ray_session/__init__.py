@@ -33,7 +33,7 @@ Who answers
 
 from __future__ import annotations
 
-from dpex.ray_session import embedded, head_priority, session_handles
+from dpex.ray_session import embedded, head_priority, session_handles, start_priority
 from dpex.ray_session.cluster import object_store_capacities, spilled_bytes
 from dpex.ray_session.embedded import owns_ray_session, seconds_since_join
 from dpex.ray_session.join import joining
@@ -42,7 +42,7 @@ from dpex.ray_session.rules import would_start_embedded
 
 __all__ = ["connect", "would_start_embedded", "start_embedded", "joined_if_up",
            "full_priority", "owns_ray_session", "seconds_since_join", "joining",
-           "session_handles", "object_store_capacities", "spilled_bytes"]
+           "session_handles", "start_priority", "object_store_capacities", "spilled_bytes"]
 
 
 def start_embedded() -> None:
