@@ -11,8 +11,8 @@ already, so its trainer passes nothing.
 
 The same holds for dpex's own actors, which answer the training loop: a shared stream's hub
 (at 15 beside six busy loops on 2 cores, it took 3 minutes to answer its first call, and
-the loaders went on alone) and a cache's owners. They start at the niceness of the process
-that makes them.
+the loaders went on alone), a cache's owners and the autoscaler's request board. They start
+at the niceness of the process that makes them.
 """
 
 from __future__ import annotations

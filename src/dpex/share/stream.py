@@ -69,7 +69,7 @@ class SharedStream:
     def usable(self, start_timeout_s: float = _ATTACH_TIMEOUT_S) -> bool:
         """The hub answered: wait for it once. A new hub starts in about a second on a quiet
         node; it is a process that imports torch, as a worker's is, so it gets a worker's
-        ``start_timeout_s`` (on 2 cores at load 14 its start took over 30 s) and is given up
+        ``start_timeout_s`` (on 2 busy cores its start took 24 s) and is given up
         after that. A loader that resembles one of the stream's but differs is warned once,
         naming how: its keys differ, so it makes its own batches."""
         if self.differs is None:
