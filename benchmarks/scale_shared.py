@@ -162,12 +162,13 @@ class Caller:
                  results: list[dict[str, Any]]) -> None:
         from types import SimpleNamespace
 
+        from dpex import WorkerOptions
         from dpex.share.stream import SharedStream
 
         worker = self._workers[i]
         stream = SharedStream(self._stream, window_share=0.2)
         stream.attach(COMPONENTS, node_id=None, store_bytes=self._store)
-        assert stream.usable()
+        assert stream.usable(WorkerOptions().start_timeout_s)
         stream.batch_bytes = 0.2 * self._store / self._window  # the window holds `window`
         slot = SimpleNamespace(actor=worker, worker_id=self._first_id + i, generation=0,
                                barrier=worker.begin.remote(), after_ref=None)

@@ -129,7 +129,7 @@ def test_a_trainer_behind_reads_many_batches_a_call_and_slots_register_once(ray_
     for worker_id in range(2):
         stream = SharedStream(name, window_share=0.2)
         stream.attach(COMPONENTS, None, store_bytes=64 * 2**20)
-        assert stream.usable()
+        assert stream.usable(dpex.WorkerOptions().start_timeout_s)
         stream.batch_bytes = 2**16  # a window of 204 batches
         worker = worker_class.remote()
         streams.append(stream)

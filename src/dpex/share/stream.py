@@ -66,7 +66,7 @@ class SharedStream:
         session_handles.keep(self.hub, self._attached)
         self.lost("its Ray session ended")
 
-    def usable(self, start_timeout_s: float = _ATTACH_TIMEOUT_S) -> bool:
+    def usable(self, start_timeout_s: float) -> bool:
         """The hub answered: wait for it once. A new hub starts in about a second on a quiet
         node; it is a process that imports torch, as a worker's is, so it gets a worker's
         ``start_timeout_s`` (on 2 busy cores its start took 24 s) and is given up
