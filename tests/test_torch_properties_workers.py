@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import typing
 import warnings
 from typing import List
@@ -89,6 +90,23 @@ def test_a_slow_sample_holds_back_only_what_in_order_asks(in_order):
             assert got == list(range(10))
         else:
             assert got[-2:] == [0, 2], f"{make.__name__}: {got}"
+
+
+@pytest.mark.skipif(not compat.dataloader_has_in_order(), reason="torch < 2.6 has no in_order")
+def test_out_of_order_results_all_here_at_once_come_in_the_order_they_finished():
+    """in_order=False with the loop busy while results finish: those all here when it asks
+    again come in the order their workers finished them, as from torch's result queue (of
+    several done calls, ``ray.wait`` returns any one). Sample 0 takes 0.5 s on worker 0,
+    which holds 2 back; worker 1 finished 3 long before. Three epochs of each loader."""
+    for make in (reference, build):
+        loader = make(SlowIndex(10, slow=0, sleep_s=0.5), in_order=False, **W)
+        for _ in range(3):
+            it = iter(loader)
+            got = [int(next(it))]
+            time.sleep(1.0)  # a training step: 3, 0 and then 2 finish meanwhile
+            got += [int(x) for x in it]
+            assert sorted(got) == list(range(10))
+            assert got.index(3) < got.index(0) < got.index(2), f"{make.__name__}: {got}"
 
 
 @pytest.mark.parametrize("context", [

@@ -55,7 +55,7 @@ class Receive:
         self._observe_arrivals()
         while True:
             if not self._in_order and self._arrivals:
-                return self._hand_out(self._arrivals.popleft())
+                return self._hand_out(self._first_finished())
             # Skip tasks that went to a replica which ran out before reaching them.
             while self._rcvd_idx < self._send_idx:
                 worker_id = self._task_worker.get(self._rcvd_idx)
@@ -157,6 +157,8 @@ class Receive:
             waiting = time.perf_counter()
             ready, _ = wait(refs + list(starting), num_returns=1, timeout=slice_s)
             self._stalled += time.perf_counter() - waiting
+            if target is None and any(ref in self._calls for ref in ready):
+                ready = self._every_ready(ready)
             filed = False
             for ref in ready:
                 if ref in starting:
@@ -253,6 +255,26 @@ class Receive:
         if slot.moving_to is not None and not slot.in_flight:
             self._finish_move(slot)
         return True
+
+    def _every_ready(self, ready: list[Any]) -> list[Any]:
+        """``in_order=False``: ``ready``, and every other call whose result is here now (in
+        the order sent), so that ``_first_finished`` chooses among all of them. Of calls that
+        are all done, ``ray.wait`` returns any one (measured: of 4 ready, each about as
+        often), not the one that finished first."""
+        calls = list(self._calls)
+        here, _ = wait(calls, num_returns=len(calls), timeout=0)
+        here = set(here).union(ref for ref in ready if ref in self._calls)
+        return [ref for ref in ready if ref not in self._calls] + [
+            ref for ref in calls if ref in here]
+
+    def _first_finished(self) -> int:
+        """``in_order=False``: of the results here, the one whose worker finished it first.
+        torch's result queue has them in the order its workers put them; the trainer files
+        those that are here at once together (a worker stuck on a slow sample then hands
+        out what it held back in turn, as torch's does)."""
+        task_id = min(self._arrivals, key=lambda t: self._results[t].finished_at)
+        self._arrivals.remove(task_id)
+        return task_id
 
     def _call_failed(self, ref: Any, exc: Exception) -> bool:
         """The call ``ref`` raised ``exc`` (not a result's error: the call's own). Handled
