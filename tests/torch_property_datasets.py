@@ -129,6 +129,13 @@ class SlowIndex(Counting):
         return i
 
 
+class SlowIndexByWorker(SlowIndex):
+    """``SlowIndex``'s samples as ``[i, the id of the worker that made it]``."""
+
+    def __getitem__(self, i):
+        return torch.tensor([super().__getitem__(i), get_worker_info().id])
+
+
 class InitialSeed(Counting):
     """Sample i is the torch seed of the process that loads it."""
 
