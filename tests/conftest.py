@@ -178,6 +178,7 @@ def _clusters_leave_the_ray_start_record_alone():
 # longest-first order of the tier's own modules, as last measured: docs/development.md).
 # The modules that start clusters of their own (ray.shutdown() of the shared local session
 # first) come before the ones that share that session, so it starts once per process.
+# test_hosts.py (the slow tier's longest, its multi-host bed) leads that tier.
 # test_webdataset.py, which replaces the shared local session with a cluster of its own,
 # runs last, after the modules that use it.
 LONGEST_FIRST = ("test_hosts.py", "test_ray_start.py", "test_cluster_recovery.py",
@@ -191,33 +192,14 @@ LONGEST_FIRST = ("test_hosts.py", "test_ray_start.py", "test_cluster_recovery.py
                  "test_state_damage.py", "test_resume.py", "test_cache_peers.py",
                  "test_cache_load.py", "test_zero_code.py", "test_bench.py",
                  "test_head_priority.py")
-# The slow tier's own order (`-m slow`): longest first by its own times, and the modules
-# that keep the cores busy on purpose (test_local_start's loop, test_cache_load_jobs' busy
-# neighbour) beside test_hosts, whose longest cases wait on Ray's health checks with the
-# cores idle. test_autoscaler, which waits on the autoscaler, starts later, beside whole
-# programs: run beside test_hosts' waits, both left the cores 70-89% idle for a minute.
-SLOW_LONGEST_FIRST = ("test_hosts.py", "test_local_start.py", "test_cache_load_jobs.py",
-                      "test_ending.py", "test_elastic_resume.py", "test_bench_elastic.py",
-                      "test_bench.py", "test_autoscaler.py", "test_ray_train_resize.py",
-                      "test_examples.py", "test_ray_train.py", "test_ray_start.py",
-                      "test_shared_machine.py",
-                      # short: those with clusters of their own, then the shared session's
-                      "test_cluster_recovery.py", "test_cluster_elastic.py", "test_cluster.py",
-                      "test_cluster_store.py", "test_share.py", "test_store_budget.py",
-                      "test_cache_load.py", "test_elastic.py", "test_accelerate_resize.py",
-                      "test_scale_model.py", "test_scale_shared.py", "test_scale_data.py",
-                      "test_remote_iter.py", "test_cache_ray.py", "test_cache_jobs.py",
-                      "test_zero_code.py", "test_cache_folder.py")
 REPLACE_THE_SESSION = ("test_webdataset.py",)
 
 
-def pytest_collection_modifyitems(config, items):
-    order = SLOW_LONGEST_FIRST if config.getoption("markexpr") == "slow" else LONGEST_FIRST
-
+def pytest_collection_modifyitems(items):
     def rank(item) -> tuple[int, int]:
         name = item.path.name
-        if name in order:
-            return 0, order.index(name)
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
         return (2, REPLACE_THE_SESSION.index(name)) if name in REPLACE_THE_SESSION else (1, 0)
 
     items.sort(key=rank)  # stable: the order within each module is kept
