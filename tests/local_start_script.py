@@ -43,19 +43,18 @@ grpc_aio_channel.Channel.__init__ = _counting(grpc_aio_channel.Channel.__init__)
 
 
 class Noisy(torch.utils.data.Dataset):
-    """Items that take ``item_s`` (5 ms) and draw from torch's RNG (the worker's stream must
-    carry over). torch's reference reads them without the wait: what an item holds does not
+    """Items that take ``item_s`` and draw from torch's RNG (the worker's stream must carry
+    over). torch's reference reads them without the wait: what an item holds does not
     depend on it, and the reference of a long run of short epochs then costs half as much."""
 
-    def __init__(self, item_s: float = 0.005):
+    def __init__(self, item_s: float = 0.0):
         self.item_s = item_s
 
     def __len__(self):
         return 1600
 
     def __getitem__(self, i):
-        if self.item_s:
-            time.sleep(self.item_s)
+        time.sleep(self.item_s)
         return torch.tensor([float(i)]) + torch.rand(3)
 
 
