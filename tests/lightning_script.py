@@ -26,12 +26,14 @@ NUM_SAMPLES = 16  # a multiple of the world size: DistributedSampler adds no pad
 BATCH_SIZE = 2
 EPOCHS = 2
 WORLD_SIZE = 2
+VAL_WORKERS = 1
 OPTIONS = dpex.WorkerOptions(start_timeout_s=90)  # not the default: must survive Lightning
 
 
-def make_loader(dataset, shuffle: bool, seed: int, distribute_mode: bool = True, **kwargs):
+def make_loader(dataset, shuffle: bool, seed: int, distribute_mode: bool = True,
+                num_workers: int = 2, **kwargs):
     return dpex.DataLoader(
-        dataset, batch_size=BATCH_SIZE, shuffle=shuffle, num_workers=2,
+        dataset, batch_size=BATCH_SIZE, shuffle=shuffle, num_workers=num_workers,
         generator=torch.Generator().manual_seed(seed), distribute_mode=distribute_mode,
         head_address=None,  # the embedded Ray, never a cluster recorded on this machine
         worker_options=OPTIONS, persistent_workers=True, **kwargs,
@@ -42,8 +44,9 @@ class Data(L.LightningDataModule):
     def train_dataloader(self):
         return make_loader(AugmentedDataset(NUM_SAMPLES), shuffle=True, seed=5)
 
-    def val_dataloader(self):
-        return make_loader(AugmentedDataset(NUM_SAMPLES), shuffle=False, seed=6)
+    def val_dataloader(self):  # 1 worker: a process a rank beside the train loader's 2
+        return make_loader(AugmentedDataset(NUM_SAMPLES), shuffle=False, seed=6,
+                           num_workers=VAL_WORKERS)
 
 
 class Model(L.LightningModule):
@@ -67,10 +70,11 @@ class Model(L.LightningModule):
 def torch_batches(rank: int) -> dict[str, list]:
     """torch's own loader, with the DistributedSampler Lightning injects on ``rank``."""
     out = {}
-    for name, shuffle, seed in (("train", True, 5), ("val", False, 6)):
+    for name, shuffle, seed, workers in (("train", True, 5, 2), ("val", False, 6, VAL_WORKERS)):
         dataset = AugmentedDataset(NUM_SAMPLES)
         sampler = DistributedSampler(dataset, WORLD_SIZE, rank, shuffle=shuffle, seed=0)
-        loader = make_loader(dataset, None, seed, distribute_mode=False, sampler=sampler)
+        loader = make_loader(dataset, None, seed, distribute_mode=False, sampler=sampler,
+                             num_workers=workers)
         out[name] = []
         for epoch in range(EPOCHS):
             sampler.set_epoch(epoch)

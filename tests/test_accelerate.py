@@ -21,28 +21,22 @@ from test_ddp import TESTS_DIR, hermetic_env  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory) -> dict:
-    """The 1-process run and the 2-process torchrun job, started together (each mostly
-    waits on single-threaded steps: Pythons importing torch, a Ray starting)."""
-    script = f"{TESTS_DIR}/accelerate_script.py"
-    started = {}
-    for processes in (1, 2):
-        out = tmp_path_factory.mktemp(f"accelerate{processes}")
-        launcher = ([] if processes == 1 else
-                    ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"])
-        started[processes] = out, Job([sys.executable, *launcher, script, str(out)], 280,
-                                      env=hermetic_env())
-    yield started
-    for _, job in started.values():
-        job.stop()
-
-
-@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
-def ranks(request, jobs) -> list[dict]:
+# The 1-process run (a fresh interpreter with a Ray of its own: 20-30 s of the default
+# tier's 2 cores) runs in make test-slow; the default tier keeps the 2-process torchrun job,
+# which goes through the same prepare, skip and resume with accelerate's sharding on top.
+@pytest.fixture(scope="module", params=[pytest.param(1, id="1-process", marks=pytest.mark.slow),
+                                        pytest.param(2, id="2-processes")])
+def ranks(request, tmp_path_factory) -> list[dict]:
     processes = request.param
-    out, job = jobs[processes]
-    returncode, stdout, stderr = job.result()
+    out = tmp_path_factory.mktemp(f"accelerate{processes}")
+    launcher = ([] if processes == 1 else
+                ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"])
+    job = Job([sys.executable, *launcher, f"{TESTS_DIR}/accelerate_script.py", str(out)], 280,
+              env=hermetic_env())
+    try:
+        returncode, stdout, stderr = job.result()
+    finally:
+        job.stop()
     assert returncode == 0, f"failed:\n{stdout[-4000:]}\n{stderr[-4000:]}"
     return [torch.load(out / f"rank{r}.pt") for r in range(processes)]
 

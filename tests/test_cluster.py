@@ -156,6 +156,11 @@ def running_cluster():
     cluster.shutdown()
 
 
+# A simulated cluster of its own (20-25 s of the default tier's 2 cores, and the shared local
+# session stopped and started again): make test-slow. The default tier keeps a script joining
+# a `ray start` cluster by its address, spread over both nodes, and ending with none of its
+# actors left there (test_ray_start.py).
+@pytest.mark.slow
 def test_explicit_address_joins_the_cluster_and_exit_releases_workers(running_cluster):
     out = run_script(f"""
         loader = dpex.DataLoader(RangeDataset(8), batch_size=2, num_workers=2, distribute_mode=True,

@@ -49,11 +49,17 @@ def ranks(tmp_path_factory) -> list[dict]:
     return torchrun_ranks(SCRIPT, tmp_path_factory.mktemp("ddp"))
 
 
+# The job's tests below (a torchrun job with a Ray of its own: 25-40 s of the default tier's
+# 2 cores) run in make test-slow. The default tier keeps 2 torchrun ranks sharing rank 0's
+# Ray with no Ray code, each sample once and bitwise torch's (test_ddp_auto.py).
+
+
 def sample_ids(batches: list[dict]) -> list[int]:
     return [int(i) for batch in batches for i in batch["y"]]
 
 
 @pytest.mark.parametrize("mode", ["local", "remote"])
+@pytest.mark.slow
 def test_every_sample_exactly_once_per_epoch(ranks, mode):
     for r in ranks:
         assert len(r[mode]) == EPOCHS
@@ -63,17 +69,20 @@ def test_every_sample_exactly_once_per_epoch(ranks, mode):
         assert sorted(seen) == list(range(NUM_SAMPLES)), f"epoch {epoch}"
 
 
+@pytest.mark.slow
 def test_set_epoch_reshuffles(ranks):
     for r in ranks:
         assert sample_ids(r["local"][0]) != sample_ids(r["local"][1])
 
 
+@pytest.mark.slow
 def test_each_rank_bitwise_equal_across_modes(ranks):
     for r in ranks:
         for local, remote in zip(r["local"], r["remote"]):
             assert_batches_equal(local, remote)
 
 
+@pytest.mark.slow
 def test_samples_are_random_so_equality_has_teeth(ranks):
     """The same sample read in two epochs differs: equality above is not of constants."""
     for r in ranks:
@@ -84,6 +93,7 @@ def test_samples_are_random_so_equality_has_teeth(ranks):
         assert all(not torch.equal(x_by_id[0][i], x_by_id[1][i]) for i in common)
 
 
+@pytest.mark.slow
 def test_ranks_shared_one_cluster_and_left_it(ranks):
     clusters = [r["cluster"] for r in ranks]
     assert clusters[0]["address"] == clusters[1]["address"]
