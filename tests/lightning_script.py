@@ -26,12 +26,12 @@ NUM_SAMPLES = 16  # a multiple of the world size: DistributedSampler adds no pad
 BATCH_SIZE = 2
 EPOCHS = 2
 WORLD_SIZE = 2
-VAL_WORKERS = 1
+TRAIN_WORKERS, VAL_WORKERS = 2, 1  # the val loader: a process a rank beside the train's 2
 OPTIONS = dpex.WorkerOptions(start_timeout_s=90)  # not the default: must survive Lightning
 
 
 def make_loader(dataset, shuffle: bool, seed: int, distribute_mode: bool = True,
-                num_workers: int = 2, **kwargs):
+                num_workers: int = TRAIN_WORKERS, **kwargs):
     return dpex.DataLoader(
         dataset, batch_size=BATCH_SIZE, shuffle=shuffle, num_workers=num_workers,
         generator=torch.Generator().manual_seed(seed), distribute_mode=distribute_mode,
@@ -44,7 +44,7 @@ class Data(L.LightningDataModule):
     def train_dataloader(self):
         return make_loader(AugmentedDataset(NUM_SAMPLES), shuffle=True, seed=5)
 
-    def val_dataloader(self):  # 1 worker: a process a rank beside the train loader's 2
+    def val_dataloader(self):
         return make_loader(AugmentedDataset(NUM_SAMPLES), shuffle=False, seed=6,
                            num_workers=VAL_WORKERS)
 
@@ -70,7 +70,8 @@ class Model(L.LightningModule):
 def torch_batches(rank: int) -> dict[str, list]:
     """torch's own loader, with the DistributedSampler Lightning injects on ``rank``."""
     out = {}
-    for name, shuffle, seed, workers in (("train", True, 5, 2), ("val", False, 6, VAL_WORKERS)):
+    for name, shuffle, seed, workers in (("train", True, 5, TRAIN_WORKERS),
+                                          ("val", False, 6, VAL_WORKERS)):
         dataset = AugmentedDataset(NUM_SAMPLES)
         sampler = DistributedSampler(dataset, WORLD_SIZE, rank, shuffle=shuffle, seed=0)
         loader = make_loader(dataset, None, seed, distribute_mode=False, sampler=sampler,
