@@ -205,6 +205,27 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: the order within each module is kept
 
 
+# Ray refuses to create an object that must spill once the disk under its session folder is
+# this full (its local_fs_capacity_threshold, counted as 1 - available / capacity, so a
+# filesystem's reserved blocks count as used): a test that spills then fails with
+# OutOfDiskError whatever it checks.
+RAY_SPILL_REFUSED_PAST = 0.95
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The disk the suite's Ray sessions spill to, as Ray counts it, beside the failures: the
+    first line to read when a test fails with ``OutOfDiskError`` (a fresh clone's
+    environments take ~8 GB)."""
+    folder = tempfile.gettempdir()
+    disk = os.statvfs(folder)
+    full = 1 - disk.f_bavail / disk.f_blocks
+    line = (f"disk under {folder} at the end: {disk.f_bavail * disk.f_frsize / 2**30:.1f} GiB free,"
+            f" {full:.1%} full as Ray counts it")
+    if full > RAY_SPILL_REFUSED_PAST - 0.03:
+        line += f"; Ray refuses to spill past {RAY_SPILL_REFUSED_PAST:.0%}: free some space first"
+    terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="module")
 def patched(ray_local):
     """Zero-code mode for the whole module (tests/test_torch_properties*.py); undone even
