@@ -1,8 +1,8 @@
-"""tests/test_accelerate.py's job: accelerate's prepared loaders, torch's and dpex's, in 1
-process (``python``) or 2 (``torchrun`` with gloo); no Ray code. Each process saves what it
-saw to ``<out_dir>/rank<r>.pt``.
+"""tests/test_accelerate.py's job: accelerate's prepared loaders, torch's and dpex's, in one
+process; no Ray code. It saves what it saw to ``<out_dir>/rank0.pt``. In 2 processes the
+same phases run inside the torchrun job of tests/ddp_auto_script.py.
 
-    torchrun --standalone --nproc_per_node=2 tests/accelerate_script.py OUT_DIR
+    python tests/accelerate_script.py OUT_DIR
 """
 
 from __future__ import annotations
@@ -14,11 +14,8 @@ import torch
 
 import dpex
 from dpex.integrations.accelerate import Accelerator
+from accelerate_checks import EPOCHS, HEAD, NUM_SAMPLES
 from helpers import REFERENCE_CONTEXT, AugmentedDataset
-
-NUM_SAMPLES = 32  # 4 batches per process per epoch with 2 processes
-EPOCHS = 2
-HEAD = 2  # batches read before the mid-epoch state is saved
 
 
 def make(cls, **dpex_kwargs):
@@ -38,12 +35,17 @@ def on_ray(prepared) -> bool:
     return type(base) is dpex.DataLoader and base.distribute_mode and bool(base.stats().per_node)
 
 
-def main(out_dir: str) -> None:
-    accelerator = Accelerator(cpu=True)
-    # torch's loader first, before Ray runs in this process. Its workers start from a fork
-    # server: a fork of a rank holding gloo's threads once left a worker stuck (torch 2.4).
-    expected = read(accelerator, accelerator.prepare(
+def expected(accelerator) -> dict:
+    """torch's loader prepared the same way: run before Ray runs in this process. Its
+    workers start from a fork server: a fork of a rank holding gloo's threads once left a
+    worker stuck (torch 2.4)."""
+    return read(accelerator, accelerator.prepare(
         make(torch.utils.data.DataLoader, multiprocessing_context=REFERENCE_CONTEXT)))
+
+
+def on_dpex(accelerator, expected: dict) -> dict:
+    """dpex's loader prepared, skipped, and resumed from accelerate's mid-epoch state_dict:
+    the record tests/test_accelerate.py checks."""
     dpex_kwargs = {"distribute_mode": True, "head_address": None}  # None: the embedded Ray
     prepared = accelerator.prepare(make(dpex.DataLoader, **dpex_kwargs))
     got = read(accelerator, prepared)
@@ -55,13 +57,18 @@ def main(out_dir: str) -> None:
     del batches
     resumed = accelerator.prepare(make(dpex.DataLoader, **dpex_kwargs))
     resumed.load_state_dict(state)
-    record = {
+    return {
         "expected": expected, "got": got, "head": head, "rest": list(resumed),
         "on_ray": [on_ray(prepared), got["skipping_on_ray"], on_ray(resumed)],
         "device": str(got["epochs"][0][0]["x"].device),
         # A short 1-process run may end on the local start, before Ray is up.
         "gcs": ray.get_runtime_context().gcs_address if ray.is_initialized() else None,
     }
+
+
+def main(out_dir: str) -> None:
+    accelerator = Accelerator(cpu=True)
+    record = on_dpex(accelerator, expected(accelerator))
     torch.save(record, f"{out_dir}/rank{accelerator.process_index}.pt")
 
 

@@ -187,8 +187,8 @@ LONGEST_FIRST = ("test_hosts.py", "test_ray_start.py", "test_cluster_recovery.py
                  "test_bench_elastic.py", "test_ray_train.py",
                  # then by their time in `make test`
                  "test_share.py", "test_pool.py", "test_lightning.py", "test_remote_iter.py",
-                 "test_cache_ray.py", "test_resume_contract.py", "test_accelerate.py",
-                 "test_hf_trainer.py", "test_ddp_auto.py", "test_ddp.py",
+                 "test_cache_ray.py", "test_resume_contract.py", "test_ddp_auto.py",
+                 "test_hf_trainer.py", "test_accelerate.py", "test_ddp.py",
                  "test_state_damage.py", "test_resume.py", "test_cache_peers.py",
                  "test_cache_load.py", "test_zero_code.py", "test_bench.py",
                  "test_head_priority.py")

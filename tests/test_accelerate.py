@@ -1,7 +1,7 @@
 """HF accelerate: ``dpex.integrations.accelerate.Accelerator().prepare(loader)`` keeps a dpex
 loader on Ray, with accelerate's sharding, device placement, ``skip_first_batches`` and
-``state_dict``; batches bitwise those of torch's loader prepared the same way, in 1 process
-and in 2 (torchrun, gloo)."""
+``state_dict``; batches bitwise those of torch's loader prepared the same way: in 1 process
+here, and in 2 (torchrun, gloo) in tests/test_ddp_auto.py's job."""
 
 from __future__ import annotations
 
@@ -13,56 +13,43 @@ import torch
 
 pytest.importorskip("accelerate")
 
-from accelerate_script import EPOCHS, HEAD, NUM_SAMPLES  # noqa: E402
+import accelerate_checks as checks  # noqa: E402
 from conftest import Job  # noqa: E402
-from helpers import RangeDataset, assert_batches_equal  # noqa: E402
+from helpers import RangeDataset  # noqa: E402
 from test_ddp import TESTS_DIR, hermetic_env  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 
-# The 1-process run (a fresh interpreter with a Ray of its own: 8 s alone, 29 s beside the
-# other in make test) runs in make test-slow; the default tier keeps the 2-process torchrun
-# job, which goes through the same prepare, skip and resume with accelerate's sharding on top.
-@pytest.fixture(scope="module", params=[pytest.param(1, id="1-process", marks=pytest.mark.slow),
-                                        pytest.param(2, id="2-processes")])
-def ranks(request, tmp_path_factory) -> list[dict]:
-    processes = request.param
-    out = tmp_path_factory.mktemp(f"accelerate{processes}")
-    launcher = ([] if processes == 1 else
-                ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"])
-    job = Job([sys.executable, *launcher, f"{TESTS_DIR}/accelerate_script.py", str(out)], 280,
+# The 1-process run: a fresh interpreter with a Ray of its own (8 s alone), in make
+# test-slow. In 2 processes the same phases run inside test_ddp_auto's torchrun job, which
+# starts the same ranks and Ray anyway: prepare, skip and resume with accelerate's sharding.
+@pytest.fixture(scope="module")
+def process(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("accelerate")
+    job = Job([sys.executable, f"{TESTS_DIR}/accelerate_script.py", str(out)], 280,
               env=hermetic_env())
     try:
         returncode, stdout, stderr = job.result()
     finally:
         job.stop()
     assert returncode == 0, f"failed:\n{stdout[-4000:]}\n{stderr[-4000:]}"
-    return [torch.load(out / f"rank{r}.pt") for r in range(processes)]
+    return [torch.load(out / "rank0.pt")]
 
 
-def test_prepared_skipped_and_resumed_loaders_load_on_one_ray(ranks):
-    for r in ranks:
-        assert r["on_ray"] == [True, True, True]
-        assert r["device"] == "cpu"  # accelerate's device placement ran on the batches
-    assert len({r["gcs"] for r in ranks}) == 1
+@pytest.mark.slow
+def test_prepared_skipped_and_resumed_loaders_load_on_one_ray(process):
+    checks.assert_loaded_on_one_ray(process)
 
 
-def test_bitwise_as_torch_prepared_the_same_way(ranks):
-    for r in ranks:
-        for epoch in range(EPOCHS):
-            assert_batches_equal(r["expected"]["epochs"][epoch], r["got"]["epochs"][epoch])
-        assert_batches_equal(r["expected"]["skipped"], r["got"]["skipped"], "skip_first_batches")
-    for epoch in range(EPOCHS):  # accelerate's sharding: every sample once across processes
-        seen = [int(i) for r in ranks for b in r["got"]["epochs"][epoch] for i in b["y"]]
-        assert sorted(seen) == list(range(NUM_SAMPLES))
+@pytest.mark.slow
+def test_bitwise_as_torch_prepared_the_same_way(process):
+    checks.assert_bitwise_as_torch(process)
 
 
-def test_state_dict_resumes_mid_epoch_bitwise(ranks):
-    for r in ranks:
-        first_epoch = r["expected"]["epochs"][0]
-        assert_batches_equal(first_epoch[:HEAD], r["head"])
-        assert_batches_equal(first_epoch[HEAD:], r["rest"], "resumed")
+@pytest.mark.slow
+def test_state_dict_resumes_mid_epoch_bitwise(process):
+    checks.assert_resumed_mid_epoch_bitwise(process)
 
 
 def test_a_result_dpex_cannot_reach_inside_warns_once():

@@ -1,5 +1,7 @@
 """DDP with no Ray code: the ranks' loaders share rank 0's Ray through the process group's
-store (dpex.ray_session.rank_store), whatever the order and number of loaders per rank."""
+store (dpex.ray_session.rank_store), whatever the order and number of loaders per rank.
+The same torchrun job runs HF accelerate's prepared loaders in 2 processes: what they must
+show is in tests/accelerate_checks.py, the rest of accelerate in tests/test_accelerate.py."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+import accelerate_checks
 from ddp_auto_script import EPOCHS, NUM_SAMPLES
 from helpers import assert_batches_equal
 from test_ddp import TESTS_DIR, torchrun_ranks
@@ -37,6 +40,25 @@ def test_every_sample_once_per_epoch_bitwise_as_torch(ranks):
 def test_rank0_only_loader_and_a_rank_loading_after_rank0_is_done(ranks):
     assert ranks[0]["val"] == list(range(NUM_SAMPLES))
     assert_batches_equal(ranks[1]["local_late"], ranks[1]["late"])
+
+
+@pytest.fixture
+def accelerate_records(ranks) -> list[dict]:
+    """What each rank's accelerate phase saw (tests/accelerate_script.py)."""
+    pytest.importorskip("accelerate")
+    return [r["accelerate"] for r in ranks]
+
+
+def test_accelerate_prepared_skipped_and_resumed_loaders_load_on_one_ray(accelerate_records):
+    accelerate_checks.assert_loaded_on_one_ray(accelerate_records)
+
+
+def test_accelerate_bitwise_as_torch_prepared_the_same_way(accelerate_records):
+    accelerate_checks.assert_bitwise_as_torch(accelerate_records)
+
+
+def test_accelerate_state_dict_resumes_mid_epoch_bitwise(accelerate_records):
+    accelerate_checks.assert_resumed_mid_epoch_bitwise(accelerate_records)
 
 
 # ------------------------------------------------------- the waiting rank's errors, one process
