@@ -15,6 +15,7 @@ it logs, and the loop stops at its next step (the script then ends normally). Th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -47,6 +48,8 @@ def main() -> None:
         _loop(Accelerator(cpu=True).prepare(loader), args.end)
     else:
         _loop(loader, args.end)
+    if args.end == "exit" and args.loader == "dpex" and args.framework == "plain":
+        print("NODES", json.dumps(sorted(loader.stats().per_node)), flush=True)  # where it loaded
     if args.end == "exit":
         _ending()
     print("done", flush=True)
