@@ -148,7 +148,15 @@ def test_no_actor_leaks_after_epoch_break_or_delete():
     list(loader(RangeDataset(8), batch_size=2))  # a full epoch gives its workers to the pool
     assert POOL.idle_count() == 2
     assert wait_until(lambda: alive_actor_count() == before + 2)
-    dpex.shutdown_pool()  # ...which releases them on request
+
+    persistent = loader(RangeDataset(8), batch_size=2, persistent_workers=True)
+    list(persistent)  # on the pool's two: no third process
+    list(persistent)
+    assert wait_until(lambda: alive_actor_count() == before + 2)
+    del persistent
+    gc.collect()
+    assert POOL.idle_count() == 2  # a collected persistent iterator gives its workers back
+    dpex.shutdown_pool()  # ...and the pool releases them on request
     assert wait_until(lambda: alive_actor_count() == before)
 
     it = iter(loader(RangeDataset(40), batch_size=2))
@@ -156,16 +164,6 @@ def test_no_actor_leaks_after_epoch_break_or_delete():
     assert wait_until(lambda: alive_actor_count() == before + 2)  # both up (state lags)
     del it  # breaking out of an epoch drops the iterator: a worker with tasks is killed
     dpex.shutdown_pool()  # (one whose tasks had all come back may have gone to the pool)
-    assert wait_until(lambda: alive_actor_count() == before)
-
-    persistent = loader(RangeDataset(8), batch_size=2, persistent_workers=True)
-    list(persistent)
-    list(persistent)
-    assert wait_until(lambda: alive_actor_count() == before + 2)
-    del persistent
-    gc.collect()
-    assert POOL.idle_count() == 2  # a collected persistent iterator gives its workers back
-    dpex.shutdown_pool()
     assert wait_until(lambda: alive_actor_count() == before)
 
 
