@@ -45,7 +45,7 @@ def expected(accelerator) -> dict:
 
 def on_dpex(accelerator, expected: dict) -> dict:
     """dpex's loader prepared, skipped, and resumed from accelerate's mid-epoch state_dict:
-    the record tests/test_accelerate.py checks."""
+    the record tests/accelerate_checks.py checks."""
     dpex_kwargs = {"distribute_mode": True, "head_address": None}  # None: the embedded Ray
     prepared = accelerator.prepare(make(dpex.DataLoader, **dpex_kwargs))
     got = read(accelerator, prepared)
