@@ -9,7 +9,9 @@ END is one of ``exit`` (runs its 3 epochs), ``exception`` (raises in epoch 2), `
 it prints ``READY`` in epoch 2 and goes on slowly, for the test to send SIGINT, SIGTERM
 or SIGKILL. ``--handler`` installs, first thing, a SIGTERM handler as preemption-aware scripts have:
 it logs, and the loop stops at its next step (the script then ends normally). The loader takes torch's defaults, plus
-``distribute_mode=True`` for dpex: non-persistent workers, no ``head_address``.
+``distribute_mode=True`` for dpex: non-persistent workers, no ``head_address``. Run to its
+end (``exit``) with dpex on a plain loop, it prints the nodes its loader loaded on
+(``NODES [...]``) before it ends.
 """
 
 from __future__ import annotations
