@@ -177,7 +177,7 @@ def test_large_batches_in_a_small_store_stay_within_its_share(ray_local):
     deadline = time.monotonic() + 10
     while store_bytes_used() > before + 2**20 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert store_bytes_used() <= before + 2**20, (before, store_bytes_used())
+    assert store_bytes_used() <= before + 2**20, (before, store_bytes_used(), objects_over(2**20))
 
 
 def store_bytes_used() -> int:
@@ -187,6 +187,18 @@ def store_bytes_used() -> int:
 
     state = get_state_from_address(ray.get_runtime_context().gcs_address)
     return get_memory_info_reply(state, timeout_seconds=10).store_stats.object_store_bytes_used
+
+
+def objects_over(nbytes: int) -> list[tuple]:
+    """What Ray's state API says of each object larger than ``nbytes``: who holds it and
+    why, for a failure's message (the store once held one batch past the wait, once in
+    many runs, under a loaded machine)."""
+    from ray.util.state import list_objects
+
+    return [(o.object_id, o.object_size, o.reference_type, o.task_status, o.type, o.pid,
+             o.call_site) for o in list_objects(detail=True, limit=10_000,
+                                                raise_on_missing_output=False)
+            if (o.object_size or 0) > nbytes]
 
 
 def test_the_rebalancer_does_not_move_workers_while_the_store_holds_tasks_back():
