@@ -103,27 +103,33 @@ def test_what_still_names_the_nodes_session_is_killed_and_nothing_else(tmp_path)
 _REAPER = """
 import ctypes, os, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run's orphans come here
-run = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True,
-                       stdout=subprocess.PIPE, text=True)
+run = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]],
+                       start_new_session=True, stdout=subprocess.PIPE, text=True)
 print(run.pid, run.stdout.readline().strip(), flush=True)
 time.sleep(60)  # reaps nothing
 """
 # The run: a session leader whose child exits unreaped (a zombie of a live process of the
-# run), and a grandchild that outlives it (reparented to the reaper, outside the run).
+# run), and a grandchild that outlives it (reparented to the reaper, outside the run). The
+# leader lives until the test has looked at the run (the file its argument names exists),
+# and the grandchild until the leader has gone: events, not sleeps, so a loaded machine
+# cannot end either too soon.
 _RUN = """
 import os, sys, time
 if os.fork() == 0:
     os._exit(0)  # never reaped while the run lives
+leader = os.getpid()
 orphan = os.fork()
 if orphan == 0:
-    time.sleep(1.5)
+    while os.getppid() == leader:
+        time.sleep(0.05)
     os._exit(0)
 print(orphan, flush=True)
-time.sleep(0.5)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
 """
 
 
-def test_a_zombie_counts_as_left_only_while_a_process_of_the_run_holds_it():
+def test_a_zombie_counts_as_left_only_while_a_process_of_the_run_holds_it(tmp_path):
     """A run's leftovers are its live processes; a zombie is one only while a live process
     of the run has not reaped it. One whose parent is outside the run (the machine's init,
     here a subreaper standing in for it, which reaps nothing) is not the run's to reap."""
@@ -131,12 +137,16 @@ def test_a_zombie_counts_as_left_only_while_a_process_of_the_run_holds_it():
 
     from helpers import wait_until
 
-    reaper = subprocess.Popen([sys.executable, "-c", _REAPER, _RUN], stdout=subprocess.PIPE,
-                              text=True)
+    go = tmp_path / "go"  # the run's leader ends once it exists
+    reaper = subprocess.Popen([sys.executable, "-c", _REAPER, _RUN, str(go)],
+                              stdout=subprocess.PIPE, text=True)
     try:
         leader, orphan = map(int, reaper.stdout.readline().split())
-        left = ending.run_processes({leader}, set())
-        assert any("<zombie of" in entry and entry.endswith(f"{leader}>") for entry in left)
+        assert wait_until(lambda: any(
+            "<zombie of" in entry and entry.endswith(f"{leader}>")
+            for entry in ending.run_processes({leader}, set())), timeout=15), \
+            ending.run_processes({leader}, set())
+        go.touch()
 
         def zombie(pid: int) -> bool:
             with open(f"/proc/{pid}/stat") as f:
@@ -147,5 +157,6 @@ def test_a_zombie_counts_as_left_only_while_a_process_of_the_run_holds_it():
         assert wait_until(lambda: zombie(leader) and zombie(orphan), timeout=15)
         assert ending.run_processes({leader}, set()) == []
     finally:
+        go.touch()  # the leader ends, and the grandchild after it, whatever failed
         reaper.kill()
         reaper.wait()
