@@ -139,10 +139,11 @@ def _niceness_of_threads():
 AT_IMPORT = _niceness_of_threads()
 
 class Pids(torch.utils.data.Dataset):
+    """A user's own dataset: the square of the index, then where it was made."""
     def __len__(self):
         return 8
     def __getitem__(self, i):
-        return torch.tensor([os.getpid(), min(AT_IMPORT), max(AT_IMPORT)])
+        return torch.tensor([i * i, os.getpid(), min(AT_IMPORT), max(AT_IMPORT)])
 
 class Cached(torch.utils.data.Dataset):
     def __len__(self):
@@ -162,13 +163,16 @@ from nicedata import Cached, Pids
 def run(niceness):
     loader = dpex.DataLoader(Pids(), batch_size=2, num_workers=2, distribute_mode=True,
                              worker_options=dpex.WorkerOptions(niceness=niceness))
-    rows = [row.tolist() for batch in loader for row in batch]
-    pids = {pid for pid, _, _ in rows}
+    batches = [batch.tolist() for batch in loader]
+    rows = [row for batch in batches for row in batch]
+    pids = {pid for _, pid, _, _ in rows}
     ps = subprocess.run(["ps", "-eLo", "pid=,tid=,ni=,comm="], capture_output=True, text=True)
     threads = [line.split(None, 3) for line in ps.stdout.splitlines()]
     return {"pids": sorted(pids), "denied": loader.stats().niceness_denied,
-            "at_import": sorted({n for _, lo, hi in rows for n in (lo, hi)}),
-            "threads": [t for t in threads if int(t[0]) in pids]}
+            "at_import": sorted({n for _, _, lo, hi in rows for n in (lo, hi)}),
+            "threads": [t for t in threads if int(t[0]) in pids],
+            "batches": [[row[0] for row in batch] for batch in batches],
+            "nodes": sorted(loader.stats().per_node)}
 
 def services():
     # dpex's own actors, alive here: a shared stream's hub and the cache's owner.
@@ -344,8 +348,20 @@ def assert_ran_on_both_nodes(out: dict) -> None:
     assert len(out["nodes"]) == 2  # spread over the head and the second node
 
 
-def test_auto_joins_the_cluster_ray_start_recorded(cluster):
-    assert_ran_on_both_nodes(train(cluster))
+@pytest.fixture(scope="module")
+def niceness_run(cluster) -> dict:
+    """One ``python train_niceness.py``, as a user runs it (``head_address="auto"``, the
+    default): the auto-join test and the niceness test read different things of it."""
+    proc = subprocess.run([os.path.join(BIN, "python"), "train_niceness.py"],
+                          cwd=cluster["project"], env=user_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_auto_joins_the_cluster_ray_start_recorded(niceness_run):
+    # Its first loader: the user's module, on both nodes (the far one without the project).
+    assert_ran_on_both_nodes(niceness_run["trainers"])
 
 
 # Two runs on the far node (20-30 s): make test-slow. The default tier keeps a shipped module
@@ -363,16 +379,12 @@ def test_users_module_reaches_workers_on_a_node_without_the_project(cluster):
     assert "'mydata'" in out["message"] and "ship_modules" in out["message"]
 
 
-def test_every_thread_of_a_worker_runs_at_the_niceness_asked_for_from_its_start(cluster):
+def test_every_thread_of_a_worker_runs_at_the_niceness_asked_for_from_its_start(niceness_run):
     # `ray start` with Ray's defaults starts workers at niceness 15, and its nodes here run
     # without the privilege to raise a priority again, as most users' do. dpex's default
     # (niceness="trainer") has each worker process start at the trainer's niceness: its
-    # imports ran there, and no thread needed raising (issue 18).
-    proc = subprocess.run([os.path.join(BIN, "python"), "train_niceness.py"],
-                          cwd=cluster["project"], env=user_env(), capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # imports ran there, and no thread needed raising.
+    out = niceness_run
     for name, niceness in (("trainers", out["trainer"]), ("five", 5)):
         run = out[name]
         threads = run["threads"]
