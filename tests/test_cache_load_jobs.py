@@ -129,12 +129,15 @@ def _pairs(project, tmp_path, pairs: int, **env: str) -> None:
     for pair in range(pairs):
         images = _images(tmp_path / f"images{pair}", pair)
         cache, runs = tmp_path / f"cache{pair}", tmp_path / f"runs{pair}"
+        # The messages are strings, so that pytest shows the stage's summary whole: which
+        # tier did not keep an entry, and why (cache/report.py).
         first = _job(project, images, runs, cache, **env)
-        assert first["equal"] == [True] * 4, first
-        assert first["computed"] == N and first["not_kept"] == 0, (pair, first)
+        assert first["equal"] == [True] * 4, f"pair {pair}, first job: {first}"
+        assert first["computed"] == N and first["not_kept"] == 0, f"pair {pair}, first job: {first}"
         second = _job(project, images, runs, cache, **env)
-        assert second["equal"] == [True] * 4, second
-        assert second["computed"] == 0 and second["hits"] == 4 * N, (pair, second)
+        assert second["equal"] == [True] * 4, f"pair {pair}, second job: {second}"
+        assert second["computed"] == 0 and second["hits"] == 4 * N, \
+            f"pair {pair}, second job: {second}"
 
 
 @pytest.mark.skipif(why_not(1, 2) is not None, reason=str(why_not(1, 2)))
