@@ -334,9 +334,9 @@ def cluster(tmp_path_factory, users_tmpdir):
         procs.stop()
 
 
-def train(cluster, *args: str, **env: str) -> dict:
-    """``python train.py ARGS`` in the project directory, from a user's shell."""
-    proc = subprocess.run([os.path.join(BIN, "python"), "train.py", *args],
+def train(cluster, *args: str, script: str = "train.py", **env: str) -> dict:
+    """``python SCRIPT ARGS`` in the project directory, from a user's shell; its last line."""
+    proc = subprocess.run([os.path.join(BIN, "python"), script, *args],
                           cwd=cluster["project"], env=user_env(**env), capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -352,11 +352,7 @@ def assert_ran_on_both_nodes(out: dict) -> None:
 def niceness_run(cluster) -> dict:
     """One ``python train_niceness.py``, as a user runs it (``head_address="auto"``, the
     default): the auto-join test and the niceness test read different things of it."""
-    proc = subprocess.run([os.path.join(BIN, "python"), "train_niceness.py"],
-                          cwd=cluster["project"], env=user_env(), capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return train(cluster, script="train_niceness.py")
 
 
 def test_auto_joins_the_cluster_ray_start_recorded(niceness_run):
