@@ -20,8 +20,9 @@
 #
 # Usage: scripts/test_versions.sh [corner ...]     (default: oldest newest)
 #        scripts/test_versions.sh --stack corner ...   (only the torch and Ray each starts
-#                                                     with, the downloads: .ci/run makes the
-#                                                     oldest's beside the tiers)
+#                                                     with, and dpex's requirements: the
+#                                                     downloads, which .ci/run makes for the
+#                                                     oldest beside the tiers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -102,14 +103,50 @@ build_stack() {  # the user's environment before dpex: kept while it holds the p
     fi
 }
 
+# dpex's requirements with its test extra, one a line, from pyproject.toml (dpex's own
+# extras expanded), read by this machine's python3 (tomllib: Python 3.11 or later).
+dpex_requirements() {
+    python3 - <<'PY'
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras, wanted, seen = project["optional-dependencies"], ["test"], set()
+requirements = list(project["dependencies"])
+while wanted:
+    extra = wanted.pop()
+    seen.add(extra)
+    for requirement in extras[extra]:
+        own = re.fullmatch(r"dpex\[([^\]]+)\]", requirement)
+        if own:
+            wanted += [e.strip() for e in own.group(1).split(",") if e.strip() not in seen]
+        else:
+            requirements.append(requirement)
+print("\n".join(dict.fromkeys(requirements)))  # each once, in order
+PY
+}
+
+# dpex's requirements alone, under the corner's constraints: `--stack` runs this beside
+# the tiers, so that the install of dpex itself (below, which writes src/dpex.egg-info)
+# finds them there. Like it, it must leave the user's torch and Ray as they are.
+build_requirements() {
+    local corner=$1 env=.venv-versions/$1 before after requirements
+    corner_constraints "$corner" > "$env/constraints.txt"
+    requirements="$(dpex_requirements)" || return 0  # an older python3: dpex's install does it
+    before="$(versions_of "$env")"
+    "$env/bin/python" -m pip install -q -c "$env/constraints.txt" -r <(echo "$requirements")
+    after="$(versions_of "$env")"
+    if [[ "$before" != "$after" ]]; then
+        echo "FAIL $corner: dpex's requirements changed the user's stack: $before -> $after" >&2
+        return 1
+    fi
+}
+
 build_corner() {
     local corner=$1 env=.venv-versions/$1
     build_stack "$corner"
-    local before after constraints
+    build_requirements "$corner"
+    local before after
     before="$(versions_of "$env")"
-    constraints="$env/constraints.txt"
-    corner_constraints "$corner" > "$constraints"
-    "$env/bin/python" -m pip install -q -c "$constraints" -e ".[test]"
+    "$env/bin/python" -m pip install -q -c "$env/constraints.txt" -e ".[test]"
     after="$(versions_of "$env")"
     if [[ "$before" != "$after" ]]; then
         echo "FAIL $corner: installing dpex changed the user's stack: $before -> $after" >&2
@@ -141,6 +178,7 @@ if [[ "${1:-}" == --stack ]]; then  # no dpex install here: it writes src/dpex.e
     shift
     for corner in "$@"; do
         build_stack "$corner"
+        build_requirements "$corner"
     done
     exit 0
 fi
