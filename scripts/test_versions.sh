@@ -97,8 +97,8 @@ build_stack() {  # the user's environment before dpex: kept while it holds the p
     stack="$(corner_stack "$corner")"
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$stack" ]]; then
         rm -rf "$env"
-        "$(find_python "$(corner_python "$corner")")" -m venv "$env"
-        "$env/bin/python" -m pip install -q $stack
+        "$(find_python "$(corner_python "$corner")")" -m venv "$env" || return 1
+        "$env/bin/python" -m pip install -q $stack || return 1
         echo "$stack" > "$stamp"
     fi
 }
@@ -128,36 +128,39 @@ PY
 # the tiers, so that the install of dpex itself (below, which writes src/dpex.egg-info)
 # finds them there. Like it, it must leave the user's torch and Ray as they are.
 build_requirements() {
-    local corner=$1 env=.venv-versions/$1 before after requirements
+    local corner=$1 env=.venv-versions/$1 requirements
     corner_constraints "$corner" > "$env/constraints.txt"
     requirements="$(dpex_requirements)" || return 0  # an older python3: dpex's install does it
-    before="$(versions_of "$env")"
-    "$env/bin/python" -m pip install -q -c "$env/constraints.txt" -r <(echo "$requirements")
-    after="$(versions_of "$env")"
-    if [[ "$before" != "$after" ]]; then
-        echo "FAIL $corner: dpex's requirements changed the user's stack: $before -> $after" >&2
-        return 1
-    fi
+    install_keeping_stack "$corner" "dpex's requirements" -r <(echo "$requirements")
 }
 
-build_corner() {
-    local corner=$1 env=.venv-versions/$1
-    build_stack "$corner"
-    build_requirements "$corner"
-    local before after
+# `pip install ARGS` into the corner under its constraints; fails if that changed the
+# user's torch or Ray (``what`` names the install in the message).
+install_keeping_stack() {
+    local corner=$1 what=$2 env=.venv-versions/$1 before after
+    shift 2
     before="$(versions_of "$env")"
-    "$env/bin/python" -m pip install -q -c "$env/constraints.txt" -e ".[test]"
+    "$env/bin/python" -m pip install -q -c "$env/constraints.txt" "$@" || return 1
     after="$(versions_of "$env")"
     if [[ "$before" != "$after" ]]; then
-        echo "FAIL $corner: installing dpex changed the user's stack: $before -> $after" >&2
+        echo "FAIL $corner: installing $what changed the user's stack: $before -> $after" >&2
         return 1
     fi
-    echo "$corner: installing dpex kept $after"
+    echo "$corner: installing $what kept $after"
+}
+
+# Each step's failure returns at once: run_corner's caller tests its status (`||`), which
+# turns `set -e` off inside it.
+build_corner() {
+    local corner=$1
+    build_stack "$corner" || return 1
+    build_requirements "$corner" || return 1
+    install_keeping_stack "$corner" dpex -e ".[test]"
 }
 
 run_corner() {
     local corner=$1 env=.venv-versions/$1 start log
-    build_corner "$corner"
+    build_corner "$corner" || return 1
     log=".venv-versions/$corner.log"
     start=$(date +%s)
     set +e
