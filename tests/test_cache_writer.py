@@ -74,7 +74,7 @@ def test_a_failed_write_is_counted_as_writer(tmp_path, monkeypatch):
     assert tier.take_not_kept() == {"writer": 4}
 
 
-def test_settle_writes_beside_the_thread_and_counts_what_is_left_at_its_bound():
+def test_settle_writes_beside_the_thread_and_counts_what_is_left_at_its_bound_until_written():
     written = []
 
     def write(key: str, data: bytes) -> bool:  # a disk that has almost stopped
@@ -90,6 +90,30 @@ def test_settle_writes_beside_the_thread_and_counts_what_is_left_at_its_bound():
     # busy machine): at most 5 are left, the thread's one in hand among them if it has one.
     assert written and 0 < left <= 5 and writer.take_not_kept() == {"writer": left}
     assert writer.settle(timeout_s=30) == 0 and sorted(written) == [f"k{i}" for i in range(6)]
+    # All were written after all: the next counts take back what the first settle counted
+    # (the trainer sums them), and a settle with nothing left counts nothing more.
+    assert writer.take_not_kept() == {"writer": -left}
+    assert writer.settle(timeout_s=1) == 0 and writer.take_not_kept() == {}
+
+
+def test_an_entry_left_at_a_settle_and_then_failed_is_counted_once():
+    go = threading.Event()
+
+    def write(key: str, data: bytes) -> bool:  # the thread's write hangs, then fails
+        if threading.current_thread().name == "dpex-cache-disk":
+            go.wait(30)
+        raise OSError("No such file or directory")
+
+    writer = Writer(write, buffer_bytes=2**20, backlog_s=10.0)
+    writer.hand("k0", b"x")  # the thread's, once it takes it
+    while writer.pending() and not writer._writing:
+        time.sleep(0.01)
+    writer.hand("k1", b"x")
+    left = writer.settle(timeout_s=0.2)  # writes k1 itself (it fails); k0 is left
+    go.set()
+    assert writer.settle(timeout_s=30) == 0
+    counts = writer.take_not_kept()
+    assert left == 1 and counts == {"writer": 2}, (left, counts)  # k1's failure, k0's
 
 
 def test_the_thread_takes_no_more_than_it_writes_in_its_backlog_time():

@@ -21,10 +21,16 @@ What it does instead (``Writer.hand``)
     RGB array, 0.56 MB, to the page cache: 0.4 ms) costs a fraction of the decode it saves
     (1.4 ms on the same core), so the worker slows by at most that fraction while the
     thread is behind, and no computed entry is left out.
-  * ``settle`` (the process goes back to its pool or ends) writes what still waits in the
-    worker's thread too, beside the writer thread, for at most its ``timeout_s``; what is
-    left then is counted as not kept (``not_kept["writer"]``), as is an entry whose write
-    failed (``OSError``: the disk is full, the folder removed).
+  * ``settle`` (a task ends, the process goes back to its pool or ends) writes what still
+    waits in the worker's thread too, beside the writer thread, for at most its
+    ``timeout_s``; what is left then is counted as not kept (``not_kept["writer"]``), as is
+    an entry whose write failed (``OSError``: the disk is full, the folder removed).
+  * The thread goes on with what was left, and the next ``settle`` takes back the count of
+    those it wrote meanwhile (a negative count: the trainer sums them). So the counts say
+    what a process that ended at a settle lost, and a process that lives on is not said
+    to have lost what it wrote late: on a machine busy enough for a task's settle to time
+    out, entries it later wrote had been counted as not kept, while a later epoch read
+    them, and the stage had run once per sample.
   * ``write`` refusing an entry (the tier's byte budget is full) counts it under
     ``not_kept["budget"]``.
 Nothing here reads a file back: the tier writes under a temporary name and renames, so a
@@ -60,6 +66,7 @@ class Writer:
         self._counts_lock = threading.Lock()
         self.not_kept: Counter = Counter()  # why entries were not kept: budget, writer
         self.inline = 0  # entries the caller wrote itself (the thread was behind)
+        self._counted_left = 0  # entries counted as not kept at the last settle, left then
 
     def hand(self, key: str, data: bytes) -> None:
         """Write ``data`` under ``key``: by the thread, or now when it is behind."""
@@ -80,7 +87,8 @@ class Writer:
 
     def settle(self, timeout_s: float | None = None) -> int:
         """Write what waits, in this thread too, until nothing does or ``timeout_s`` has
-        passed; the entries left then, counted as not kept (the process may end)."""
+        passed; the entries left then, counted as not kept (the process may end) until a
+        later settle finds them gone (written, or counted by why they were not)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while deadline is None or time.monotonic() < deadline:
             item = self._take()
@@ -95,8 +103,9 @@ class Writer:
                     break
                 self._cond.wait(left)
             behind = len(self._waiting) + self._writing
-        if behind:
-            self._count("writer", behind)
+        if behind != self._counted_left:
+            self._count("writer", behind - self._counted_left)
+            self._counted_left = behind
         return behind
 
     def take_not_kept(self) -> Counter:

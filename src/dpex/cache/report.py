@@ -30,7 +30,9 @@ class CacheStats:
         not_kept_budget: computed entries no tier kept because its byte budget was full
             (found full as the entry was computed, or as the disk writer wrote it).
         not_kept_writer: entries the disk tier did not write: the write failed (a full
-            disk, the folder removed), or the process ended before its writer was done.
+            disk, the folder removed), or the process ended before its writer was done
+            (counted at a task's end while the writer is behind; taken back with the
+            process's next task once written).
         not_kept_owner: entries sent to the node's owner that it never received: the send
             failed twice, or the process ended before the owner answered (docs/caching.md,
             "When an entry is computed twice"). An entry counted here may still be on
