@@ -27,10 +27,7 @@ What it does instead (``Writer.hand``)
     an entry whose write failed (``OSError``: the disk is full, the folder removed).
   * The thread goes on with what was left, and the next ``settle`` takes back the count of
     those it wrote meanwhile (a negative count: the trainer sums them). So the counts say
-    what a process that ended at a settle lost, and a process that lives on is not said
-    to have lost what it wrote late: on a machine busy enough for a task's settle to time
-    out, entries it later wrote had been counted as not kept, while a later epoch read
-    them, and the stage had run once per sample.
+    what a process that ended at a settle lost, not what one that lived on wrote late.
   * ``write`` refusing an entry (the tier's byte budget is full) counts it under
     ``not_kept["budget"]``.
 Nothing here reads a file back: the tier writes under a temporary name and renames, so a
