@@ -107,16 +107,16 @@ if __name__ == "__main__":
     out = {}
     if "--new" in args:  # torch's loader first, before this process joins Ray
         images, runs_folder, _, reference = args["--new"]
-        torch.save(epochs(torch.utils.data.DataLoader, images, runs_folder)[0], reference)
+        expected, _ = epochs(torch.utils.data.DataLoader, images, runs_folder)
+        torch.save(expected, reference)
     if "--again" in args:  # this process's first dpex loader: no index here yet
         images, runs_folder, cache, reference = args["--again"]
         loader, out["again"] = cached(images, runs_folder, cache,
                                       torch.load(reference, weights_only=True))
         del loader
     if "--new" in args:  # its loader ends with the process: the entries must outlive it
-        images, runs_folder, cache, reference = args["--new"]
-        loader, out["new"] = cached(images, runs_folder, cache,
-                                    torch.load(reference, weights_only=True))
+        images, runs_folder, cache, _ = args["--new"]
+        loader, out["new"] = cached(images, runs_folder, cache, expected)
     print(json.dumps(out))
 '''
 
