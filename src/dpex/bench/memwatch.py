@@ -15,7 +15,8 @@ the processes mapping them rather than counted once per process) of
   whose title says they run a task or actor (``ray::Worker...``, ``ray::ReadRange->...``).
 
 Not counted: Ray's own daemons (gcs_server, raylet, dashboard, log monitor...), its agents,
-idle pooled Ray workers (``ray::IDLE``), Ray's internal singleton actors (``ray::_StatsActor``)
+the helper that starts the embedded Ray (``dpex/ray_session/_head_process.py``), idle pooled
+Ray workers (``ray::IDLE``), Ray's internal singleton actors (``ray::_StatsActor``)
 and Python's multiprocessing resource tracker. Workers on other machines (``--address`` of a
 remote cluster) cannot be seen from here.
 """
@@ -38,6 +39,10 @@ _SYSTEM_MARKERS = (
     "gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env",
     "default_worker.py", "ray_client_server", "memwatch", "plasma_store",
     "multiprocessing.resource_tracker",  # a daemon python starts once, for shared memory
+    # The embedded Ray's helper: a child of the trainer that lives as long as its Ray.
+    # Counted, it made every wait for a run's workers to go run out (20 s) once the embedded
+    # Ray had started, and its memory was put on the loader whose run started Ray.
+    "dpex/ray_session/_head_process.py",
 )
 
 
