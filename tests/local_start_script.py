@@ -1,14 +1,14 @@
 """``python local_start_script.py MODE``: a cold process's loader begins on local processes
 and moves to Ray mid-epoch (tests/test_local_start.py). MODE ``handover``: nothing else
 happens; ``kill``: a local process is SIGKILLed while its workers are being handed over;
-``stalled-raylet``: epochs far shorter than a Ray process's start, with torch's default
+``stalled``: epochs far shorter than a Ray process's start, with torch's default
 non-persistent workers, until every worker is on Ray, while the embedded head's first
 raylet is stopped (SIGSTOP) as soon as it exists, as a machine too busy to let it register
-would; ``stalled-store``: the same epochs, with the raylet stopped for 5 s from the moment
-the trainer joined instead; ``short``: short epochs for 2.5 s, a run that ends
-before the helper would start Ray; ``stream``: 3 epochs of a stream without ``state_dict``,
-whose workers cannot move. Prints one JSON line: whether the batches are torch's, and what
-the loader did."""
+would, and the raylet of the head the trainer then joins is stopped for 5 s from the
+moment it joined, as a head slow to answer would; ``short``: short epochs for 2.5 s, a run
+that ends before the helper would start Ray; ``stream``: 3 epochs of a stream without
+``state_dict``, whose workers cannot move. Prints one JSON line: whether the batches are
+torch's, and what the loader did."""
 
 import json
 import os
@@ -111,9 +111,11 @@ def short_epochs(distribute_mode, count=None, limit_s=None, spans=None):
     return epochs, loader, began_on_ray
 
 
-def first_raylet() -> int | None:
-    """The pid of the first raylet below this process, if there is one yet."""
+def first_raylet(besides: tuple[int, ...] = ()) -> int | None:
+    """The pid of the first raylet below this process but ``besides``, if there is one."""
     for pid, _ in descendants([os.getpid()]):
+        if pid in besides:
+            continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().split(b"\0")[0]
@@ -132,15 +134,17 @@ def stall_first_raylet(stalled: list[int]) -> None:
     stalled.extend([pid, embedded._head._proc.pid])
 
 
-def stall_raylet_once_joined(stall: dict, stall_s: float = 5.0) -> None:
+def stall_raylet_once_joined(stall: dict, stalled: list[int], stall_s: float = 5.0) -> None:
     """Once the trainer has joined the embedded head, stop its raylet (the node's object
     store, which a ``ray.put`` waits on) for ``stall_s``, as a head still starting at the
-    lowest priority on a busy machine is slow to answer; note when."""
+    lowest priority on a busy machine is slow to answer; note when. (The head it joins is
+    the one after the head whose raylet ``stalled`` names, a raylet killed by now.)"""
     import ray
 
     while not ray.is_initialized():
         time.sleep(0.002)
-    pid = first_raylet()
+    while (pid := first_raylet(besides=tuple(stalled))) is None:
+        time.sleep(0.002)
     os.kill(pid, signal.SIGSTOP)
     stall["from"] = time.monotonic()
     time.sleep(stall_s)
@@ -148,17 +152,15 @@ def stall_raylet_once_joined(stall: dict, stall_s: float = 5.0) -> None:
     os.kill(pid, signal.SIGCONT)
 
 
-def main_epochs(stall: str):
+def main_epochs():
     from dpex.workers.pool import POOL
 
     stalled: list[int] = []
     store_stall: dict[str, float] = {}
     spans: list[tuple[float, float]] = []
-    if stall == "raylet":
-        threading.Thread(target=stall_first_raylet, args=(stalled,), daemon=True).start()
-    else:
-        threading.Thread(target=stall_raylet_once_joined, args=(store_stall,),
-                         daemon=True).start()
+    threading.Thread(target=stall_first_raylet, args=(stalled,), daemon=True).start()
+    threading.Thread(target=stall_raylet_once_joined, args=(store_stall, stalled),
+                     daemon=True).start()
     # Until an epoch begins on Ray's processes. The loop leaves no core idle, so the head,
     # at the lowest priority until then, may take until its cap (head_priority.LOW_S) to
     # start on a machine busy with other work: the limit leaves room for it.
@@ -275,8 +277,8 @@ def main():
         return main_stream()
     if mode == "short":
         return main_short()
-    if mode in ("stalled-raylet", "stalled-store"):
-        return main_epochs(stall={"stalled-raylet": "raylet", "stalled-store": "store"}[mode])
+    if mode == "stalled":
+        return main_epochs()
     expected, _, _ = batches(False)
     fault = {"done": False} if mode == "kill" else None
     got, loader, local_pids = batches(True, fault)
