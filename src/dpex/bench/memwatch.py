@@ -15,10 +15,12 @@ the processes mapping them rather than counted once per process) of
   whose title says they run a task or actor (``ray::Worker...``, ``ray::ReadRange->...``).
 
 Not counted: Ray's own daemons (gcs_server, raylet, dashboard, log monitor...), its agents,
-the helper that starts the embedded Ray (``dpex/ray_session/_head_process.py``), idle pooled
-Ray workers (``ray::IDLE``), Ray's internal singleton actors (``ray::_StatsActor``)
-and Python's multiprocessing resource tracker. Workers on other machines (``--address`` of a
-remote cluster) cannot be seen from here.
+Python's fork server (its children, torch's workers, are counted), the helper that starts
+the embedded Ray (``dpex/ray_session/_head_process.py``), dpex's cache owners
+(``ray::CacheOwner``: one per node, kept across jobs), idle pooled Ray workers
+(``ray::IDLE``), Ray's internal singleton actors (``ray::_StatsActor``) and Python's
+multiprocessing resource tracker. Workers on other machines (``--address`` of a remote
+cluster) cannot be seen from here.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ import time
 
 import psutil
 
-# Ray's own pooled workers and agents, and its internal singleton actors (named with a
-# leading underscore, e.g. Ray Data's _StatsActor): they outlive every loader.
-_RAY_IDLE_OR_AGENT = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::_")
+# Ray's own pooled workers and agents, its internal singleton actors (named with a leading
+# underscore, e.g. Ray Data's _StatsActor, and dpex's _RequestBoard), and dpex's cache
+# owners (detached, below the trainer in the embedded Ray): they outlive every loader, and
+# counted, a wait for a run's workers to go would run out.
+_RAY_IDLE_OR_AGENT = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::_",
+                      "ray::CacheOwner")
 _SYSTEM_MARKERS = (
     "gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env",
     "default_worker.py", "ray_client_server", "memwatch", "plasma_store",
@@ -61,27 +66,41 @@ def pss_bytes(pid: int) -> int:
         return 0
 
 
-def counted(cmdline: str) -> bool:
-    """Whether a descendant of the trainer is loader work (see the module docstring)."""
+# Python's fork server (``multiprocessing_context="forkserver"``, the default start method
+# from Python 3.14): a daemon the trainer starts once and keeps, whose children are the
+# loader's workers, with its command line. The server is not loader work; they are.
+_FORK_SERVER = "multiprocessing.forkserver"
+
+
+def counted(cmdline: str, parent_cmdline: str = "") -> bool:
+    """Whether a descendant of the trainer is loader work (see the module docstring), given
+    its parent's command line too."""
     if cmdline.startswith("ray::"):
         return not cmdline.startswith(_RAY_IDLE_OR_AGENT)
+    if _FORK_SERVER in cmdline:
+        return cmdline == parent_cmdline  # forked by the server: a worker
     return not any(marker in cmdline for marker in _SYSTEM_MARKERS)
 
 
 def loader_pids(root: int) -> list[int]:
     """Descendants of ``root`` that count, right now."""
-    pids = []
+    pids: list[int] = []
+    commands: dict[int, str] = {}
+    parents: dict[int, int] = {}
     try:
         children = psutil.Process(root).children(recursive=True)
+        commands[root] = " ".join(psutil.Process(root).cmdline())
     except psutil.Error:
         return pids
     for child in children:
         try:
-            cmd = " ".join(child.cmdline())
+            commands[child.pid] = " ".join(child.cmdline())
+            parents[child.pid] = child.ppid()
         except psutil.Error:
             continue
-        if child.pid != os.getpid() and counted(cmd):
-            pids.append(child.pid)
+    for pid, cmd in commands.items():
+        if pid not in (root, os.getpid()) and counted(cmd, commands.get(parents[pid], "")):
+            pids.append(pid)
     return pids
 
 
