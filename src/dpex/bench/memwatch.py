@@ -88,8 +88,9 @@ def loader_pids(root: int) -> list[int]:
     commands: dict[int, str] = {}
     parents: dict[int, int] = {}
     try:
-        children = psutil.Process(root).children(recursive=True)
-        commands[root] = " ".join(psutil.Process(root).cmdline())
+        trainer = psutil.Process(root)
+        children = trainer.children(recursive=True)
+        commands[root] = " ".join(trainer.cmdline())
     except psutil.Error:
         return pids
     for child in children:
