@@ -16,6 +16,9 @@ until ``go`` exists (the test does something to the cluster meanwhile). ``--wait
 E:N,...`` holds at batch N of epoch E, at each point in turn; at the k-th point after the
 first, the files are ``PATH.k``.
 
+``--epoch-lines``: also a JSON line as each epoch ends (``{"epoch": E, "equal": ...,
+"worker_restarts": ...}``), for a job that is not meant to reach its end.
+
 ``--sample-s S``: dpex's loader's dataset takes S seconds a sample (torch's, the reference,
 does not wait: the samples' bits are the same), so that the loop waits on its data.
 
@@ -87,7 +90,9 @@ def hold(args, k: int) -> None:
         time.sleep(0.05)
 
 
-def epochs(loader, count: int, args) -> tuple[list, list]:
+def epochs(loader, count: int, args, expected: list | None = None) -> tuple[list, list]:
+    """``count`` epochs of ``loader``: their batches, and the seconds each took. With
+    ``expected``, a JSON line as each ends: whether it matched (--epoch-lines)."""
     out, seconds = [], []
     points = wait_points(args.wait_at)
     for epoch in range(count):
@@ -101,7 +106,16 @@ def epochs(loader, count: int, args) -> tuple[list, list]:
                 return out, seconds
         out.append(batches)
         seconds.append(time.monotonic() - started)
+        if expected is not None:
+            print(json.dumps({"epoch": epoch, "equal": same(expected[epoch], batches),
+                              "worker_restarts": loader.stats().worker_restarts}), flush=True)
     return out, seconds
+
+
+def same(expected: list, got: list) -> bool:
+    """One epoch's batches, bitwise."""
+    return len(expected) == len(got) and all(torch.equal(a, b) for x, y in zip(expected, got)
+                                             for a, b in zip(x, y))
 
 
 def hosts_of(node_ids) -> list[list[str]]:
@@ -127,6 +141,7 @@ def main() -> None:
     parser.add_argument("--share")
     parser.add_argument("--torch-mode", action="store_true")
     parser.add_argument("--sigterm-handler", action="store_true")
+    parser.add_argument("--epoch-lines", action="store_true")
     args = parser.parse_args()
     options = dict(batch_size=4, shuffle=True, num_workers=4)
     mode = dict(distribute_mode=not args.torch_mode)
@@ -160,14 +175,12 @@ def main() -> None:
         before = saved["batches"]
     if args.sigterm_handler:
         signal.signal(signal.SIGTERM, stop_on_sigterm)
-    got, seconds = epochs(loader, args.epochs, args)
+    got, seconds = epochs(loader, args.epochs, args, expected if args.epoch_lines else None)
     if STOP.is_set():
         print(json.dumps({"stopped": True}), flush=True)
         return
     got[0] = before + got[0]  # the epoch the state was saved in, whole
-    equal = [len(e) == len(g) and all(torch.equal(a, b) for x, y in zip(e, g)
-                                      for a, b in zip(x, y))
-             for e, g in zip(expected, got)]
+    equal = [same(e, g) for e, g in zip(expected, got)]
     stats = loader.stats()
     print(json.dumps({"equal": equal,
                       "hosts": hosts_of(stats.per_node) if stats.per_node else [],

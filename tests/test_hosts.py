@@ -8,9 +8,8 @@ address host 0's own `ray start` recorded in its /tmp). Its batches are compared
 torch's loader's in the same script with ``torch.equal``.
 
 A whole host is powered off as a real one is: its link goes down first, so that no peer
-hears its sockets close, then every process on it ends at once. That test and the one
-that cuts the last worker host off for good run last, in that order: the module's
-cluster has one worker host after the first, none after the second.
+hears its sockets close, then every process on it ends at once. The test that does so
+runs last: in the same job, the last worker host left is then cut off for good.
 """
 
 from __future__ import annotations
@@ -199,12 +198,13 @@ def test_a_host_that_joins_takes_work_and_one_that_leaves_hands_it_back_with_tor
                       sorted(h.address for h in bed.hosts), 60), _alive(bed, "nodes", "node_ip")
 
 
-def _train_until_batch_5(bed, *args: str) -> tuple[int, pathlib.Path]:
+def _train_until_batch_5(bed, *args: str, wait_at: str = "5") -> tuple[int, pathlib.Path]:
     """A 2-epoch training job on host 0 (``args`` besides), held at its 5th batch: the
-    job, and the file that lets it go on."""
-    for name in ("ready", "go"):
+    job, and the file that lets it go on (``wait_at``: the script's points to hold at;
+    the first is the one waited for here)."""
+    for name in ("ready", "go", "ready.1", "go.1"):
         pathlib.Path(bed.hosts[0].path(f"/tmp/{name}")).unlink(missing_ok=True)
-    job = _train(bed, "--epochs", "2", "--wait-at", "5", "--ready", "/tmp/ready", "--go",
+    job = _train(bed, "--epochs", "2", "--wait-at", wait_at, "--ready", "/tmp/ready", "--go",
                  "/tmp/go", *args)  # in host 0's own /tmp
     ready, go = (pathlib.Path(bed.hosts[0].path(f"/tmp/{n}")) for n in ("ready", "go"))
     _held(bed, job, ready)
@@ -258,25 +258,25 @@ def test_a_worker_host_cut_off_for_10_s_and_back_leaves_the_epoch_torchs(bed):
     assert sorted(_alive(bed, "nodes", "node_ip")) == sorted(h.address for h in bed.hosts)
 
 
-def test_a_worker_host_powered_off_mid_epoch_leaves_the_epoch_torchs(bed):
-    job, go = _train_until_batch_5(bed)
+def test_a_worker_host_powered_off_leaves_the_epoch_torchs_and_the_last_cut_ends_the_loop(bed):
+    """One job, two faults, one an epoch. Epoch 0: host 2 is powered off at batch 5 (its
+    link down first, so that no peer hears a socket close; then every process on it ends):
+    its workers are replaced on host 1 and the epoch is torch's bits. Epoch 1: host 1, the
+    one worker host left, has its link go down for good at batch 5. Once Ray has found
+    the node dead (its health checks: about a minute), the loop gets an error that says no
+    node can host a worker, not a hang, and nothing of the script is left on host 0."""
+    job, go = _train_until_batch_5(bed, "--epoch-lines", wait_at="0:5,1:5")
     bed.cut(2)  # no peer hears a socket close: the host is just gone
     bed.kill(2)
     go.touch()
-    out = _result(bed, job)
-    assert out["equal"] == [True, True], out
-    assert out["worker_restarts"] >= 1, out
-
-
-def test_the_last_worker_host_cut_for_good_ends_the_loop_with_a_clear_error(bed):
-    """After the power-off above, host 1 is the one worker host left; its link goes down
-    for good mid-epoch. Once Ray has found the node dead (its health checks: about a
-    minute), the loop gets an error that says no node can host a worker, not a hang."""
-    job, go = _train_until_batch_5(bed)
+    _held(bed, job, pathlib.Path(bed.hosts[0].path("/tmp/ready.1")))  # epoch 1, batch 5
     bed.cut(1)
     started = time.monotonic()
-    go.touch()
-    rc, _, err = bed.hosts[0].wait(job, 300)
+    pathlib.Path(f"{go}.1").touch()
+    rc, out, err = bed.hosts[0].wait(job, 300)
+    (epoch,) = [json.loads(line) for line in out.splitlines() if line.startswith('{"epoch"')]
+    assert epoch["epoch"] == 0 and epoch["equal"], (epoch, err[-3000:])
+    assert epoch["worker_restarts"] >= 1, epoch
     assert rc != 0 and time.monotonic() - started < 240, err[-3000:]
     assert "NoEligibleNodeError: dpex: no alive Ray node can host a worker" in err, err[-3000:]
     assert [pid for pid in bed.hosts[0].pids() if _is_python_script(pid)] == []
