@@ -13,6 +13,7 @@ test_autoscaler.py, beside their clusters.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 
@@ -27,8 +28,11 @@ _torch_runs: dict[tuple, ending.Ending] = {}
 
 
 def run_beside_torch(end: str, **options) -> tuple[ending.Ending, ending.Ending]:
-    """The dpex run and torch's (once per case: cached), at the same time."""
-    key = (end, tuple(sorted((k, v) for k, v in options.items() if k != "local_start")))
+    """The dpex run and torch's, at the same time. torch's runs once per case: what torch's
+    loader ignores (dpex's local start) and options at their defaults are not part of it."""
+    defaults = inspect.signature(ending.run).parameters
+    key = (end, tuple(sorted((k, v) for k, v in options.items()
+                             if k != "local_start" and v != defaults[k].default)))
     runs: dict[str, ending.Ending] = {}
 
     def torch_run() -> None:
