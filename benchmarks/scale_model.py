@@ -171,7 +171,7 @@ def sweep_nodes(args) -> str:
         workers = args.fixed_workers or k
         label = f"{k} nodes, {workers} workers"
         try:
-            idle = cluster.idle_gcs_cpu_s_per_min()
+            idle = cluster.idle_gcs_cpu_s_per_min(args.gcs_idle_s)
             rows[label] = [summarise(run_trainers(cluster, workers, 1, args)[0], idle)
                            for _ in range(args.repeats)]
         finally:
@@ -185,7 +185,7 @@ def sweep_ranks(args) -> str:
     k = args.nodes[0]
     cluster = ModelCluster(k, args.pinned)
     try:
-        idle = cluster.idle_gcs_cpu_s_per_min()
+        idle = cluster.idle_gcs_cpu_s_per_min(args.gcs_idle_s)
         for r in args.ranks:
             label = f"{r} ranks x {args.workers_per_rank} workers"
             rows[label] = [summarise(result, idle) for _ in range(args.repeats)
@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pinned", action="store_true",
                         help="`ray start` nodes, each on its own core (two per core past the "
                              "machine's cores), the trainer on node 0's")
+    parser.add_argument("--gcs-idle-s", type=float, default=10.0,
+                        help="how long the GCS's own load is measured, no loader running")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -52,7 +52,8 @@ def test_the_node_sweep_runs_on_a_real_cluster_and_plots(tmp_path):
     script = os.path.join(BENCH_DIR, "scale_model.py")
     table = tmp_path / "nodes.md"
     run = subprocess.run([sys.executable, script, "nodes", "--nodes", "2", "--repeats", "1",
-                          "--batches", "20", "--epochs", "2", "--out", str(table)],
+                          "--batches", "20", "--epochs", "2", "--gcs-idle-s", "1",
+                          "--out", str(table)],
                          env=user_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     labels, columns = _scale_model().read_table(table)
