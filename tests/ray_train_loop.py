@@ -11,7 +11,10 @@ the end each rank writes what it trained, and facts about its loader, to ``confi
 with ``config["reference"]``, also the batches of Ray's recipe in that rank (``"torch"``).
 ``config["stop_at"]`` (epoch, step) ends every rank's loop after that step's checkpoint (a
 job stopped there), and ``config["resized"]`` marks a job restored from another job's
-checkpoint on another number of workers (tests/ray_train_resize_script.py).
+checkpoint on another number of workers (tests/ray_train_resize_script.py), which reports
+as each epoch ends, not after every batch: Ray Train's controller takes a worker's next
+report only at its next health check, every 2 s (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``), so
+a report a batch held that job's one worker 2 s a batch, 36 s in all.
 """
 
 from __future__ import annotations
@@ -67,11 +70,14 @@ def train_loop(config: dict) -> None:
             trained.append(batch)
             # The loader's state continues this epoch (after its last batch, with its empty
             # rest, as torchdata's StatefulDataLoader's does), so the epoch is saved as is.
-            _report(rank, epoch, trained, loader, config["kind"])
+            if not config.get("resized"):
+                _report(rank, epoch, trained, loader, config["kind"])
             if (epoch, step) == stop_at:
                 break  # the job is stopped here (preempted), after this step's checkpoint
         if (epoch, step) == stop_at:
             break
+        if config.get("resized"):  # a job nothing stops again reports as each epoch ends
+            _report(rank, epoch, trained, loader, config["kind"])
     if facts["on_ray"]:
         stats = iterated.stats()
         facts["nodes"] = sorted(stats.per_node)
