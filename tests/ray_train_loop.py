@@ -63,6 +63,7 @@ def train_loop(config: dict) -> None:
     for epoch in range(epoch, EPOCHS):
         if ray.train.get_context().get_world_size() > 1:  # Ray's recipe: a DistributedSampler
             loader.sampler.set_epoch(epoch)
+        step = None  # a checkpoint made as the epoch ended leaves it no batch
         for step, batch in enumerate(loader):
             if (rank == 0 and checkpoint is None and config["die_at"] is not None
                     and (epoch, len(trained) % len(loader)) == tuple(config["die_at"])):
